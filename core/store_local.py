@@ -1,0 +1,166 @@
+"""The embedded default store: one directory on local disk.
+
+Rules it enforces, so that a crash can never leave a half-written object:
+every write goes to a temporary file in the target directory, is fsynced,
+then moved into place (``os.link`` for put-if-absent, which fails atomically
+when the name exists; ``os.replace`` for compare-and-swap), and the directory
+itself is fsynced. Compare-and-swap and delete serialize on an advisory lock
+(``fcntl.flock``), which also holds between processes sharing the directory,
+so ``titen keys create`` and ``titen serve`` can share one store.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import secrets
+import shutil
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+from core.store import ObjectNotFound, PreconditionFailed, Store, StoredObject, StoreError
+
+_TMP_PREFIX = ".tmp-"
+_LOCK_NAME = ".lock"
+
+
+def _etag(body: bytes) -> str:
+    return '"' + hashlib.md5(body, usedforsecurity=False).hexdigest() + '"'
+
+
+class LocalStore(Store):
+    def __init__(self, root: str):
+        self.root = os.path.abspath(root)
+        self.url = "file://" + self.root
+        os.makedirs(self.root, exist_ok=True)
+        self._thread_lock = threading.Lock()
+
+    # -- paths -------------------------------------------------------------
+
+    def _path(self, key: str) -> str:
+        parts = key.split("/")
+        if not key or key.startswith("/") or any(p in ("", ".", "..") or p.startswith(".") for p in parts):
+            raise StoreError(f"invalid store key: {key!r}")
+        return os.path.join(self.root, *parts)
+
+    @contextmanager
+    def _locked(self):
+        # flock is per open file description: it excludes other processes;
+        # the thread lock excludes other threads of this one.
+        with self._thread_lock:
+            fd = os.open(os.path.join(self.root, _LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+
+    def _write_temp(self, path: str, body: bytes | None = None, source: str | None = None) -> str:
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, _TMP_PREFIX + secrets.token_hex(8))
+        with open(tmp, "wb") as f:
+            if source is not None:
+                with open(source, "rb") as src:
+                    shutil.copyfileobj(src, f, 1 << 20)
+            else:
+                f.write(body or b"")
+            f.flush()
+            os.fsync(f.fileno())
+        return tmp
+
+    @staticmethod
+    def _fsync_dir(directory: str) -> None:
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # -- contract ------------------------------------------------------------
+
+    def get(self, key: str) -> StoredObject:
+        try:
+            with open(self._path(key), "rb") as f:
+                body = f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectNotFound(key) from None
+        return StoredObject(key, body, _etag(body))
+
+    def get_if_changed(self, key: str, etag: str | None) -> StoredObject | None:
+        obj = self.get(key)
+        return None if etag is not None and obj.etag == etag else obj
+
+    def list_keys(self, prefix: str, start_after: str | None = None) -> Iterator[str]:
+        base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        top = os.path.join(self.root, *base.split("/")) if base else self.root
+        found: list[str] = []
+        for dirpath, dirnames, filenames in os.walk(top):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            rel = os.path.relpath(dirpath, self.root)
+            rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+            for name in filenames:
+                if name.startswith("."):
+                    continue
+                key = rel + name
+                if key.startswith(prefix) and (start_after is None or key > start_after):
+                    found.append(key)
+        found.sort()
+        return iter(found)
+
+    def put_if_absent(self, key: str, body: bytes) -> str:
+        path = self._path(key)
+        tmp = self._write_temp(path, body)
+        self._link_into_place(tmp, path, key)
+        return _etag(body)
+
+    def _link_into_place(self, tmp: str, path: str, key: str) -> None:
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise PreconditionFailed(f"{key} already exists") from None
+        finally:
+            os.unlink(tmp)
+        self._fsync_dir(os.path.dirname(path))
+
+    def compare_and_swap(self, key: str, body: bytes, expected_etag: str) -> str:
+        path = self._path(key)
+        with self._locked():
+            try:
+                current = self.get(key)
+            except ObjectNotFound:
+                raise PreconditionFailed(f"{key} does not exist") from None
+            if current.etag != expected_etag:
+                raise PreconditionFailed(f"{key} changed")
+            tmp = self._write_temp(path, body)
+            os.replace(tmp, path)
+            self._fsync_dir(os.path.dirname(path))
+        return _etag(body)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        with self._locked():
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                return
+            self._fsync_dir(os.path.dirname(path))
+
+    def upload_file(self, key: str, path: str) -> str:
+        target = self._path(key)
+        tmp = self._write_temp(target, source=path)
+        h = hashlib.md5(usedforsecurity=False)
+        with open(tmp, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        self._link_into_place(tmp, target, key)
+        return '"' + h.hexdigest() + '"'
+
+    def download_file(self, key: str, path: str) -> None:
+        source = self._path(key)
+        if not os.path.isfile(source):
+            raise ObjectNotFound(key)
+        shutil.copyfile(source, path)

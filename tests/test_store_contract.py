@@ -1,0 +1,154 @@
+"""The storage contract, run unchanged against every backend (see conftest `store`)."""
+
+import threading
+
+import pytest
+
+from core.store import ObjectNotFound, PreconditionFailed
+
+
+def test_get_of_absent_key_raises_not_found(store):
+    with pytest.raises(ObjectNotFound):
+        store.get("orgs/a/ledger/missing.json")
+
+
+def test_put_if_absent_creates_and_get_returns_the_bytes(store):
+    etag = store.put_if_absent("orgs/a/ledger/0001.json", b'{"x":1}')
+    obj = store.get("orgs/a/ledger/0001.json")
+    assert obj.body == b'{"x":1}'
+    assert obj.etag == etag
+
+
+def test_put_if_absent_on_existing_key_fails_and_keeps_the_original(store):
+    store.put_if_absent("k/one", b"first")
+    with pytest.raises(PreconditionFailed):
+        store.put_if_absent("k/one", b"second")
+    assert store.get("k/one").body == b"first"
+
+
+def test_list_keys_is_in_byte_order_and_starts_strictly_after(store):
+    for name in ["0003", "0001", "0002", "0010"]:
+        store.put_if_absent(f"orgs/a/ledger/{name}.json", b"{}")
+    store.put_if_absent("orgs/b/ledger/0001.json", b"{}")
+    assert list(store.list_keys("orgs/a/ledger/")) == [
+        "orgs/a/ledger/0001.json", "orgs/a/ledger/0002.json",
+        "orgs/a/ledger/0003.json", "orgs/a/ledger/0010.json"]
+    assert list(store.list_keys("orgs/a/ledger/", start_after="orgs/a/ledger/0002.json")) == [
+        "orgs/a/ledger/0003.json", "orgs/a/ledger/0010.json"]
+
+
+def test_list_keys_of_an_empty_prefix_is_empty(store):
+    assert list(store.list_keys("orgs/nobody/ledger/")) == []
+
+
+def test_list_keys_pages_past_one_thousand_keys(store):
+    for i in range(1005):
+        store.put_if_absent(f"many/{i:06d}", b"")
+    keys = list(store.list_keys("many/"))
+    assert len(keys) == 1005
+    assert keys == sorted(keys)
+
+
+def test_compare_and_swap_with_the_current_etag_replaces(store):
+    etag = store.put_if_absent("p/current.json", b"1")
+    new_etag = store.compare_and_swap("p/current.json", b"2", etag)
+    obj = store.get("p/current.json")
+    assert obj.body == b"2" and obj.etag == new_etag and new_etag != etag
+
+
+def test_compare_and_swap_with_a_stale_etag_fails_and_changes_nothing(store):
+    etag = store.put_if_absent("p/current.json", b"1")
+    store.compare_and_swap("p/current.json", b"2", etag)
+    with pytest.raises(PreconditionFailed):
+        store.compare_and_swap("p/current.json", b"3", etag)
+    assert store.get("p/current.json").body == b"2"
+
+
+def test_compare_and_swap_on_an_absent_key_fails(store):
+    with pytest.raises((PreconditionFailed, ObjectNotFound)):
+        store.compare_and_swap("p/none.json", b"1", '"abc"')
+    with pytest.raises(ObjectNotFound):
+        store.get("p/none.json")
+
+
+def test_two_concurrent_compare_and_swap_writers_exactly_one_wins(store):
+    etag = store.put_if_absent("p/current.json", b"0")
+    barrier = threading.Barrier(2)
+    results = {}
+
+    def writer(name):
+        barrier.wait()
+        try:
+            store.compare_and_swap("p/current.json", name.encode(), etag)
+            results[name] = "won"
+        except PreconditionFailed:
+            results[name] = "lost"
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results.values()) == ["lost", "won"]
+    winner = next(n for n, r in results.items() if r == "won")
+    assert store.get("p/current.json").body == winner.encode()
+
+
+def test_two_concurrent_put_if_absent_writers_exactly_one_wins(store):
+    barrier = threading.Barrier(2)
+    results = {}
+
+    def writer(name):
+        barrier.wait()
+        try:
+            store.put_if_absent("p/once", name.encode())
+            results[name] = "won"
+        except PreconditionFailed:
+            results[name] = "lost"
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results.values()) == ["lost", "won"]
+
+
+def test_get_if_changed_answers_none_while_the_etag_matches(store):
+    etag = store.put_if_absent("p/current.json", b"1")
+    assert store.get_if_changed("p/current.json", etag) is None
+    new = store.compare_and_swap("p/current.json", b"2", etag)
+    changed = store.get_if_changed("p/current.json", etag)
+    assert changed is not None and changed.body == b"2" and changed.etag == new
+
+
+def test_delete_removes_and_is_idempotent(store):
+    store.put_if_absent("d/x", b"1")
+    store.delete("d/x")
+    store.delete("d/x")
+    with pytest.raises(ObjectNotFound):
+        store.get("d/x")
+    assert list(store.list_keys("d/")) == []
+
+
+def test_upload_and_download_file_round_trip(store, tmp_path):
+    src = tmp_path / "snap.sqlite"
+    src.write_bytes(bytes(range(256)) * 5000)
+    store.upload_file("orgs/a/snapshots/000000000001.sqlite", str(src))
+    out = tmp_path / "copy.sqlite"
+    store.download_file("orgs/a/snapshots/000000000001.sqlite", str(out))
+    assert out.read_bytes() == src.read_bytes()
+
+
+def test_upload_file_does_not_overwrite_an_existing_key(store, tmp_path):
+    src = tmp_path / "f"
+    src.write_bytes(b"new")
+    store.put_if_absent("u/f", b"old")
+    with pytest.raises(PreconditionFailed):
+        store.upload_file("u/f", str(src))
+    assert store.get("u/f").body == b"old"
+
+
+def test_download_of_absent_key_raises_not_found(store, tmp_path):
+    with pytest.raises(ObjectNotFound):
+        store.download_file("u/none", str(tmp_path / "x"))
