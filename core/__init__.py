@@ -1,0 +1,1 @@
+"""titen-lambda: context compilation for AI agents (the product lives here)."""

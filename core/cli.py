@@ -1,0 +1,187 @@
+"""The ``titen`` command: serve, rebuild, import, keys, demo, snapshots.
+
+Every command takes ``--data-dir DIR`` (default ``$TITEN_DATA_DIR``, else
+``./.titen``) or ``--store URL`` (``file://…`` or ``s3://bucket/prefix``;
+default ``$TITEN_STORE``), so commands pointed at one store share it.
+Errors print one clear line and exit non-zero; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from core.config import Settings
+from core.errors import TitenError
+from core.importer import import_file, stderr_progress
+from core.keys import Principal
+from core.store import StoreError
+
+
+def _settings(args) -> Settings:
+    return Settings.from_env(data_dir=args.data_dir, store_url=args.store)
+
+
+def _service(args, **kw):
+    from core.service import Service
+    return Service(_settings(args), **kw)
+
+
+def cmd_serve(args) -> int:
+    import uvicorn
+
+    from core.http import create_app
+
+    service = _service(args, auto_rebuild=True)
+    for org_id in service.ledger.organizations():
+        result = service.rebuild(org_id, progress=stderr_progress)
+        print(f"serving {org_id} generation {result.generation} ({result.claim_count} claims)", file=sys.stderr)
+    print(f"titen listening on http://{args.host}:{args.port} (store {service.store.url})", file=sys.stderr)
+    uvicorn.run(create_app(service), host=args.host, port=args.port, log_level=args.log_level,
+                access_log=args.log_level == "debug")
+    return 0
+
+
+def cmd_rebuild(args) -> int:
+    service = _service(args)
+    orgs = [args.org] if args.org else service.ledger.organizations()
+    for org_id in orgs:
+        result = service.builder(org_id, progress=stderr_progress).rebuild(from_scratch=args.from_scratch)
+        print(json.dumps(result.as_dict()))
+    return 0
+
+
+def cmd_import(args) -> int:
+    service = _service(args)
+    principal = Principal(org_id=args.org, principal_id=args.principal, key_id="cli",
+                          scopes=frozenset({"admin", "memory:write", "memory:verify"}),
+                          workspaces=tuple(args.workspaces.split(",")) if args.workspaces else ())
+    summary = import_file(service.store, principal, args.file, batch_size=args.batch_size,
+                          progress=stderr_progress)
+    print(json.dumps(summary))
+    if args.rebuild:
+        print(json.dumps(service.builder(args.org, progress=stderr_progress).rebuild().as_dict()))
+    return 0
+
+
+def cmd_keys_create(args) -> int:
+    service = _service(args)
+    created = service.keys.create(args.org, args.principal, [s for s in args.scopes.split(",") if s],
+                                  [w for w in (args.workspaces or "").split(",") if w])
+    if args.json:
+        print(json.dumps(created))
+    else:
+        print(f"key_id:  {created['key_id']}\napi_key: {created['api_key']}  (shown once; only its hash is stored)")
+    return 0
+
+
+def cmd_keys_revoke(args) -> int:
+    record = _service(args).keys.revoke(args.key_id)
+    print(json.dumps({"key_id": record["key_id"], "revoked_at": record["revoked_at"]}))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from core.demo import DEMO_ORG, DEMO_SUBJECT, load_demo
+
+    service = _service(args)
+    created = service.keys.create(DEMO_ORG, "demo-admin", ["context:compile", "context:feedback", "memory:write",
+                                                           "memory:verify", "admin"], [])
+    principal = service.keys.authenticate("Bearer " + created["api_key"])
+    written = load_demo(service, principal)
+    result = service.rebuild(DEMO_ORG)
+    print(f"demo organization '{DEMO_ORG}': {written} new writes, generation {result.generation}, "
+          f"{result.claim_count} claims")
+    print(f"API key (org {DEMO_ORG}, all scopes): {created['api_key']}")
+    print("try:\n  curl -s localhost:8787/v1/context/compile -H 'authorization: Bearer "
+          f"{created['api_key']}' -H 'content-type: application/json' \\\n"
+          f"    -d '{{\"subject_id\":\"{DEMO_SUBJECT}\",\"task\":\"can we deploy on friday\",\"max_tokens\":1200}}'")
+    return 0
+
+
+def cmd_snapshots_list(args) -> int:
+    from core.rebuild import read_pointer
+    pointer, _ = read_pointer(_service(args).store, args.org)
+    print(json.dumps(pointer or {}, indent=1))
+    return 0
+
+
+def cmd_snapshots_rollback(args) -> int:
+    from core.rebuild import rollback
+    print(json.dumps(rollback(_service(args).store, args.org, args.generation)))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="titen", description=__doc__.split("\n")[0])
+    common = argparse.ArgumentParser(add_help=False)
+    where = common.add_mutually_exclusive_group()
+    where.add_argument("--data-dir", help="embedded store directory (default $TITEN_DATA_DIR or ./.titen)")
+    where.add_argument("--store", help="store URL: file://DIR or s3://bucket/prefix (default $TITEN_STORE)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", parents=[common], help="run the HTTP API (rebuilds in-process after writes)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8787)
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(run=cmd_serve)
+
+    p = sub.add_parser("rebuild", parents=[common], help="build and publish snapshots from the ledger")
+    p.add_argument("--org", help="one organization (default: every organization with new entries)")
+    p.add_argument("--from-scratch", action="store_true", help="replay the whole ledger from empty")
+    p.set_defaults(run=cmd_rebuild)
+
+    p = sub.add_parser("import", parents=[common], help="bulk-load NDJSON observation bodies")
+    p.add_argument("file")
+    p.add_argument("--org", required=True)
+    p.add_argument("--principal", default="importer", help="recorded as the writer (owner of private records)")
+    p.add_argument("--workspaces", help="workspaces the importer may write team records to")
+    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--rebuild", action="store_true", help="rebuild the organization afterwards")
+    p.set_defaults(run=cmd_import)
+
+    keys = sub.add_parser("keys", help="create or revoke API keys").add_subparsers(dest="keys_command", required=True)
+    p = keys.add_parser("create", parents=[common])
+    p.add_argument("--org", required=True)
+    p.add_argument("--principal", required=True)
+    p.add_argument("--scopes", required=True, help="comma list of context:compile, context:feedback, "
+                                                   "memory:write, memory:verify, admin")
+    p.add_argument("--workspaces", default="")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=cmd_keys_create)
+    p = keys.add_parser("revoke", parents=[common])
+    p.add_argument("key_id")
+    p.set_defaults(run=cmd_keys_revoke)
+
+    p = sub.add_parser("demo", parents=[common], help="load the demo memory and print a working key")
+    p.set_defaults(run=cmd_demo)
+
+    snaps = sub.add_parser("snapshots", help="inspect or roll back published generations").add_subparsers(
+        dest="snapshots_command", required=True)
+    p = snaps.add_parser("list", parents=[common])
+    p.add_argument("--org", required=True)
+    p.set_defaults(run=cmd_snapshots_list)
+    p = snaps.add_parser("rollback", parents=[common])
+    p.add_argument("--org", required=True)
+    p.add_argument("--generation", type=int, required=True)
+    p.set_defaults(run=cmd_snapshots_rollback)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except TitenError as exc:
+        print(f"titen: {exc.message}", file=sys.stderr)
+        return 2
+    except StoreError as exc:
+        print(f"titen: store error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Context compilation: scope → candidates → hydrate → rank → pack, then record.
+
+This module wires the five named steps together; the steps themselves live
+where their rule lives (``retrieval`` for the scoped SQL, ``planning``,
+``ranking`` and ``packing`` as pure functions). It also records every run in
+the ledger *before* answering (DESIGN §5 step 7) — the task's sha256, never
+the task — so feedback can be checked against the pack at once, and serves
+stored packs back to the principal that compiled them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+from core.domain import INSTRUCTIONS, POLICY_SNAPSHOT
+from core.errors import NotFound, ValidationError
+from core.ids import entry_hex, parse_id
+from core.instants import canonical, now_utc
+from core.keys import Principal
+from core.ledger import Ledger
+from core.packing import BudgetTooSmall, assemble, dumps, pack
+from core.planning import MAX_TASK_CHARS, plan_query
+from core.ranking import RankInput, rank
+from core.retrieval import CompileScope, hydrate, lexical_candidates, readable_evidence
+from core.snapshot import SnapshotReader
+from core.tokens import estimate_tokens
+from core.validation import Fields
+
+
+@dataclass
+class CompileRequest:
+    subject_id: str
+    task: str
+    max_tokens: int
+    project_id: str | None
+    include_checkpoints: bool
+    at: str
+    at_s: float
+
+    @classmethod
+    def parse(cls, body: dict) -> "CompileRequest":
+        f = Fields(body, "body", ("subject_id", "task", "max_tokens", "project_id",
+                                  "include_checkpoints", "at"))
+        subject_id = f.identifier("subject_id")
+        task = f.string("task", max_len=MAX_TASK_CHARS)
+        max_tokens = f.integer("max_tokens", lo=128, hi=32000)
+        project_id = f.identifier("project_id", required=False)
+        include_checkpoints = f.boolean("include_checkpoints")
+        at = f.instant("at") or now_utc()
+        return cls(subject_id, task, max_tokens, project_id, include_checkpoints, canonical(at), at.timestamp())
+
+
+@dataclass
+class CompileOutcome:
+    data: dict
+    meta: dict
+    timings: dict = field(default_factory=dict)
+
+
+class Compiler:
+    def __init__(self, ledger: Ledger, reader: SnapshotReader, vector_state: str = "disabled"):
+        self.ledger = ledger
+        self.reader = reader
+        self.vector_state = vector_state
+
+    def compile(self, principal: Principal, body: dict) -> CompileOutcome:
+        principal.require("context:compile")
+        req = CompileRequest.parse(body)
+        t = time.perf_counter()
+        timings = {}
+
+        def lap(name):
+            nonlocal t
+            now = time.perf_counter()
+            timings[name] = now - t
+            t = now
+
+        # 1. scope
+        scope = CompileScope(principal, req.subject_id, req.project_id, req.at)
+        plan = plan_query(req.task)
+        lap("plan")
+        snapshot = self.reader.current(principal.org_id)
+        # 2. candidates
+        matches = lexical_candidates(snapshot, scope, plan.match) if snapshot and plan.match else []
+        lap("candidates")
+        # 3. hydrate
+        rows = hydrate(snapshot, scope, [rowid for rowid, _ in matches]) if matches else []
+        lap("hydrate")
+        # 4. rank
+        bm25 = dict(matches)
+        by_id = {}
+        inputs = []
+        for row in rows:
+            (rowid, claim_id, _subject, _project, _ws, _vis, _owner, _statement, _kind, confidence, _trust,
+             trust_level, _observer, _vf, _vt, _created, created_s, status, _version, disputed, fb_total,
+             fb_pos, fb_neg, _evidence) = row
+            by_id[claim_id] = row
+            inputs.append(RankInput(claim_id, confidence, trust_level, created_s, fb_total, fb_pos, fb_neg,
+                                    bool(disputed) or status == "disputed", bm25=bm25[rowid]))
+        ranked = rank(inputs, req.at_s)
+        lap("rank")
+        # 5. pack
+        context_hex = entry_hex()
+        context_id = f"ctx_{context_hex}"
+        envelope = {"context_id": context_id, "query": {"task": req.task},
+                    "scope": {"subject_id": req.subject_id, "project_id": req.project_id, "at": req.at},
+                    "budget": {"max_tokens": req.max_tokens, "used_tokens": 0, "envelope_tokens": 0},
+                    "items": [], "conflicts": [],
+                    "policy_snapshot": POLICY_SNAPSHOT, "instructions": INSTRUCTIONS}
+        try:
+            result = pack([self._item(principal, by_id[r.claim_id], r) for r in ranked],
+                          envelope, req.max_tokens)
+        except BudgetTooSmall as exc:
+            raise ValidationError(
+                f"max_tokens {req.max_tokens} cannot hold even the empty response envelope (which echoes "
+                f"the task); the smallest budget that would is {exc.needed}") from None
+        data = assemble(envelope, result)
+        while estimate_tokens(dumps(data)) > req.max_tokens and result.items:
+            # The estimate is subadditive, so this never runs in practice; it
+            # keeps the budget promise even if a boundary merge ever costs more.
+            dropped = result.items.pop()
+            result.used_tokens -= estimate_tokens(dumps(dropped))
+            result.conflicts = [c for c in result.conflicts if c["claim_id"] != dropped["claim_id"]]
+            data = assemble(envelope, result)
+        lap("pack")
+        degraded = {"semantic": False, "vector": self.vector_state,
+                    "model": "enabled" if self.vector_state != "disabled" else "disabled"}
+        if req.include_checkpoints:
+            degraded["checkpoints"] = "unavailable"
+        meta = {"degraded": degraded, "candidates": len(rows),
+                "generation": snapshot.generation if snapshot else 0}
+        # record the run before answering
+        stored = {k: v for k, v in data.items() if k != "query"}
+        self.ledger.append(principal.org_id, "context_run", {
+            "context_id": context_id, "key_id": principal.key_id,
+            "task_sha256": hashlib.sha256(req.task.encode()).hexdigest(),
+            "scope": {**data["scope"], "workspaces": list(principal.workspaces)},
+            "budget": data["budget"], "degraded": degraded, "candidates": len(rows),
+            "items": [{"claim_id": i["claim_id"], "score": i["score"],
+                       "score_components": i["score_components"]} for i in data["items"]],
+            "pack": stored}, actor=principal.principal_id, entry_hex=context_hex)
+        lap("record")
+        return CompileOutcome(data, meta, timings)
+
+    @staticmethod
+    def _item(principal: Principal, row: tuple, ranked) -> tuple[dict, dict | None]:
+        (_rowid, claim_id, _subject, _project, _ws, _vis, _owner, statement, kind, confidence, trust,
+         _level, observer_id, valid_from, valid_to, _created, _created_s, status, _version, disputed, *_rest,
+         evidence_json) = row
+        evidence = readable_evidence(principal, evidence_json)
+        item = {"claim_id": claim_id, "claim": statement, "kind": kind, "confidence": confidence,
+                "trust": trust, "status": status, "observer_id": observer_id, "valid_from": valid_from,
+                "valid_to": valid_to, "evidence_ids": sorted({o for o, _ in evidence}),
+                "score": ranked.score, "score_components": ranked.components}
+        conflict = None
+        if status == "disputed" or disputed:
+            conflict = {"claim_id": claim_id, "reason": "contradicting_evidence",
+                        "evidence_ids": sorted({o for o, r in evidence if r in ("supports", "contradicts")})}
+        return item, conflict
+
+    # -- stored packs ------------------------------------------------------------
+
+    def context_run(self, principal: Principal, context_id: str) -> dict:
+        """The stored run, for its own principal only; anything else is 404."""
+        hex_ = parse_id(context_id, "ctx")
+        entry = self.ledger.read(principal.org_id, hex_) if hex_ else None
+        if (entry is None or entry.get("type") != "context_run" or entry.get("actor") != principal.principal_id
+                or entry.get("context_id") != context_id):
+            raise NotFound(f"context {context_id} not found")
+        return entry
+
+    def stored_pack(self, principal: Principal, context_id: str) -> dict:
+        principal.require("context:compile")
+        entry = self.context_run(principal, context_id)
+        return {**entry["pack"], "created_at": entry["recorded_at"]}

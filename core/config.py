@@ -1,0 +1,46 @@
+"""Configuration from the environment, read once at start-up.
+
+| variable | default | meaning |
+| TITEN_STORE | file://$TITEN_DATA_DIR | store URL: file://DIR or s3://bucket/prefix |
+| TITEN_DATA_DIR | ./.titen | the embedded store's directory |
+| TITEN_CACHE_DIR | <data dir>/cache, or /tmp/titen for S3 | where snapshots are kept for reading |
+| TITEN_SNAPSHOT_TTL | 5 | seconds between checks for a new generation |
+| TITEN_SKEW_SECONDS | 600 | how far behind its watermark a rebuild re-reads the ledger |
+| TITEN_MAX_ORGS | 16 | snapshots held at once (least recently used evicted) |
+| TITEN_EMBEDDER | unset | vector capability; unset means disabled |
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Settings:
+    store_url: str
+    cache_dir: str
+    snapshot_ttl: float
+    skew_seconds: int
+    max_orgs: int
+    embedder: str | None
+
+    @classmethod
+    def from_env(cls, *, data_dir: str | None = None, store_url: str | None = None,
+                 env: dict | None = None) -> "Settings":
+        env = os.environ if env is None else env
+        if store_url is None and data_dir is None:
+            store_url = env.get("TITEN_STORE") or None
+        if store_url is None:
+            data_dir = data_dir or env.get("TITEN_DATA_DIR") or "./.titen"
+            store_url = "file://" + os.path.abspath(data_dir)
+        if store_url.startswith("file://"):
+            default_cache = os.path.join(store_url[len("file://"):], "cache")
+        else:
+            default_cache = "/tmp/titen"
+        return cls(store_url=store_url,
+                   cache_dir=env.get("TITEN_CACHE_DIR") or default_cache,
+                   snapshot_ttl=float(env.get("TITEN_SNAPSHOT_TTL") or 5),
+                   skew_seconds=int(env.get("TITEN_SKEW_SECONDS") or 600),
+                   max_orgs=int(env.get("TITEN_MAX_ORGS") or 16),
+                   embedder=env.get("TITEN_EMBEDDER") or None)

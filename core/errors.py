@@ -1,0 +1,53 @@
+"""The one error hierarchy of the service, mapped once to the HTTP envelope.
+
+Every failure a caller can see is a ``TitenError`` with a stable ``code`` and
+HTTP ``status`` (DESIGN §4). Anything else that escapes becomes ``INTERNAL``
+with a generic message: no stack trace or SQL ever reaches a response.
+"""
+
+from __future__ import annotations
+
+
+class TitenError(Exception):
+    code = "INTERNAL"
+    status = 500
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class ValidationError(TitenError):
+    code, status = "VALIDATION_ERROR", 400
+
+
+class Unauthenticated(TitenError):
+    code, status = "UNAUTHENTICATED", 401
+
+
+class Forbidden(TitenError):
+    code, status = "FORBIDDEN", 403
+
+
+class NotFound(TitenError):
+    code, status = "NOT_FOUND", 404
+
+
+class MethodNotAllowed(TitenError):
+    code, status = "METHOD_NOT_ALLOWED", 405
+
+
+class Conflict(TitenError):
+    code, status = "CONFLICT", 409
+
+
+class PayloadTooLarge(TitenError):
+    code, status = "PAYLOAD_TOO_LARGE", 413
+
+
+class Unavailable(TitenError):
+    code, status = "UNAVAILABLE", 503
+
+
+class Internal(TitenError):
+    code, status = "INTERNAL", 500

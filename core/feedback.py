@@ -1,0 +1,45 @@
+"""Feedback on a compiled pack: the loop that moves a claim's utility.
+
+Feedback is checked against the stored context run straight from the ledger
+(not the snapshot), so it is accepted the moment the pack exists. Only the
+principal that compiled the pack may send it; an unknown context, another
+principal's and a claim that was not in the pack all get the same 404. One
+signal per (context, claim) counts — a repeat replaces the earlier outcome
+at the next rebuild — so repeating feedback cannot inflate utility.
+"""
+
+from __future__ import annotations
+
+from core.compile import Compiler
+from core.domain import FEEDBACK_OUTCOMES
+from core.errors import NotFound
+from core.ids import entry_hex, parse_id
+from core.keys import Principal
+from core.ledger import Ledger
+from core.validation import IDENTIFIER, Fields
+
+
+class FeedbackDesk:
+    def __init__(self, ledger: Ledger, compiler: Compiler, on_write=None):
+        self.ledger = ledger
+        self.compiler = compiler
+        self.on_write = on_write or (lambda org_id: None)
+
+    def record(self, principal: Principal, context_id: str, body: dict) -> dict:
+        principal.require("context:feedback")
+        f = Fields(body, "body", ("outcome", "claim_id", "reason_code"))
+        outcome = f.string("outcome", choices=FEEDBACK_OUTCOMES)
+        claim_id = f.string("claim_id", required=False, max_len=64)
+        reason_code = f.string("reason_code", required=False, max_len=64, pattern=IDENTIFIER)
+        run = self.compiler.context_run(principal, context_id)
+        if claim_id is not None and (parse_id(claim_id, "claim") is None or
+                                     claim_id not in {i["claim_id"] for i in run["items"]}):
+            raise NotFound(f"claim {claim_id} not found in context {context_id}")
+        hex_ = entry_hex()
+        feedback_id = f"fb_{hex_}"
+        entry = self.ledger.append(principal.org_id, "feedback", {
+            "feedback_id": feedback_id, "context_id": context_id, "claim_id": claim_id,
+            "outcome": outcome, "reason_code": reason_code}, actor=principal.principal_id, entry_hex=hex_)
+        self.on_write(principal.org_id)
+        return {"feedback_id": feedback_id, "context_id": context_id, "claim_id": claim_id,
+                "outcome": outcome, "recorded_at": entry["recorded_at"]}

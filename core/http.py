@@ -1,0 +1,198 @@
+"""The HTTP API (DESIGN §4): one Starlette app for ``titen serve`` and Lambda.
+
+Every route goes through ``endpoint``: it assigns the request id, enforces
+the body rules, authenticates, runs the command and wraps the answer in the
+success envelope; every failure is mapped here, once, to the error envelope.
+An unexpected exception becomes a plain ``INTERNAL`` with the request id —
+the traceback goes to the log, never to the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from core.errors import Internal, MethodNotAllowed, NotFound, PayloadTooLarge, TitenError, Unavailable
+from core.ids import new_id
+from core.keys import Principal
+from core.packing import dumps
+from core.retrieval import claim_for_reader, observations_for_reader, readable_evidence
+from core.service import Service
+from core.store import StoreError
+from core.validation import MAX_BODY_BYTES, parse_json_body
+
+log = logging.getLogger("titen.http")
+
+
+def envelope(status: int, payload: dict, request_id: str) -> Response:
+    return Response(dumps(payload), status_code=status, media_type="application/json",
+                    headers={"x-request-id": request_id, "cache-control": "no-store"})
+
+
+def error_response(exc: TitenError, request_id: str) -> Response:
+    return envelope(exc.status, {"error": {"code": exc.code, "message": exc.message},
+                                 "meta": {"request_id": request_id}}, request_id)
+
+
+async def read_body(request: Request) -> dict:
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise PayloadTooLarge(f"request body is {length} bytes; the limit is {MAX_BODY_BYTES} (1 MiB)")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise PayloadTooLarge(f"request body exceeds the limit of {MAX_BODY_BYTES} bytes (1 MiB)")
+        chunks.append(chunk)
+    return parse_json_body(b"".join(chunks))
+
+
+Handler = Callable[[Request, Principal | None, dict | None], Awaitable[tuple[int, dict, dict]] | tuple]
+
+
+def endpoint(service: Service, *, auth: bool = True, body: bool = False):
+    def wrap(fn):
+        async def run(request: Request) -> Response:
+            request_id = new_id("req")
+            try:
+                principal = service.keys.authenticate(request.headers.get("authorization")) if auth else None
+                payload = await read_body(request) if body else None
+                status, data, meta = fn(request, principal, payload)
+                return envelope(status, {"data": data, "meta": {"request_id": request_id, **meta}}, request_id)
+            except TitenError as exc:
+                return error_response(exc, request_id)
+            except StoreError:
+                log.exception("store failure [%s]", request_id)
+                return error_response(Unavailable("the store is unavailable; retry shortly"), request_id)
+            except Exception:
+                log.exception("unhandled error [%s]", request_id)
+                return error_response(Internal(f"internal error; quote request id {request_id}"), request_id)
+        return run
+    return wrap
+
+
+def create_app(service: Service) -> Starlette:
+    @endpoint(service, auth=False)
+    def healthz(request, principal, body):
+        return 200, {"status": "ok"}, {}
+
+    @endpoint(service, auth=False)
+    def readyz(request, principal, body):
+        org = None
+        if request.headers.get("authorization"):
+            org = service.keys.authenticate(request.headers["authorization"]).org_id
+        orgs = [org] if org else service.reader.loaded()
+        for o in orgs:
+            service.reader.current(o)
+        states = [service.reader.status(o) for o in orgs]
+        loaded = [s for s in states if s["generation"]]
+        newest = max(loaded, key=lambda s: s["generation"], default=None)
+        data = {"status": "ready",
+                "generation": newest["generation"] if newest else 0,
+                "generation_age_seconds": newest["generation_age_seconds"] if newest else None,
+                "claim_count": sum(s["claim_count"] for s in states),
+                "vector": service.vector_state,
+                "organizations": len(loaded),
+                "last_refresh_error": next((s["last_refresh_error"] for s in states
+                                            if s["last_refresh_error"]), None)}
+        return 200, data, {}
+
+    @endpoint(service, body=True)
+    def observations(request, principal, body):
+        return 201, service.writes.record_observation(principal, body), {}
+
+    @endpoint(service, body=True)
+    def consolidations(request, principal, body):
+        return 201, service.writes.record_consolidation(principal, body), {}
+
+    def transition(action: str, status: int):
+        @endpoint(service, body=True)
+        def run(request, principal, body):
+            return status, service.writes.transition(principal, request.path_params["claim_id"], action, body), {}
+        return run
+
+    @endpoint(service)
+    def evidence(request, principal, body):
+        principal.require("context:compile")
+        claim_id = request.path_params["claim_id"]
+        snapshot = service.reader.current(principal.org_id)
+        row = claim_for_reader(snapshot, principal, claim_id)
+        if row is None:
+            raise NotFound(f"claim {claim_id} not found")
+        sources = readable_evidence(principal, row["evidence_json"])
+        observed = observations_for_reader(snapshot, principal, [o for o, _ in sources])
+        claim = {"claim_id": row["claim_id"], "claim": row["statement"], "kind": row["kind"],
+                 "confidence": row["confidence"], "trust": row["trust"], "status": row["status"],
+                 "version": row["version"], "subject_id": row["subject_id"], "project_id": row["project_id"],
+                 "visibility": row["visibility"], "observer_id": row["observer_id"],
+                 "valid_from": row["valid_from"], "valid_to": row["valid_to"],
+                 "created_at": row["created_at"], "superseded_by": row["superseded_by"]}
+        evidence_list = [{**observed[o], "relation": relation} for o, relation in sources if o in observed]
+        return 200, {"claim": claim, "evidence": evidence_list}, {"generation": snapshot.generation}
+
+    @endpoint(service, body=True)
+    def compile_context(request, principal, body):
+        outcome = service.compiler.compile(principal, body)
+        return 200, outcome.data, outcome.meta
+
+    @endpoint(service)
+    def stored_context(request, principal, body):
+        return 200, service.compiler.stored_pack(principal, request.path_params["context_id"]), {}
+
+    @endpoint(service, body=True)
+    def feedback(request, principal, body):
+        return 201, service.feedback.record(principal, request.path_params["context_id"], body), {}
+
+    @endpoint(service)
+    def admin_rebuild(request, principal, body):
+        principal.require("admin")
+        result = service.rebuild(principal.org_id)
+        return 200, {"generation": result.generation, "published": result.published,
+                     "entries_applied": result.entries_applied, "content_hash": result.content_hash,
+                     "claim_count": result.claim_count, "snapshot_bytes": result.snapshot_bytes,
+                     "seconds": round(result.seconds, 3)}, {}
+
+    routes = [
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/v1/observations", observations, methods=["POST"]),
+        Route("/v1/consolidations", consolidations, methods=["POST"]),
+        Route("/v1/claims/{claim_id}/supersede", transition("supersede", 201), methods=["POST"]),
+        Route("/v1/claims/{claim_id}/revoke", transition("revoke", 200), methods=["POST"]),
+        Route("/v1/claims/{claim_id}/expire", transition("expire", 200), methods=["POST"]),
+        Route("/v1/claims/{claim_id}/evidence", evidence, methods=["GET"]),
+        Route("/v1/context/compile", compile_context, methods=["POST"]),
+        Route("/v1/context/{context_id}", stored_context, methods=["GET"]),
+        Route("/v1/context/{context_id}/feedback", feedback, methods=["POST"]),
+        Route("/v1/admin/rebuild", admin_rebuild, methods=["POST"]),
+    ]
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        request_id = new_id("req")
+        if exc.status_code == 405:
+            return error_response(MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}"),
+                                  request_id)
+        if exc.status_code == 404:
+            return error_response(NotFound(f"no route {request.url.path}"), request_id)
+        err = TitenError(exc.detail or "error")
+        err.status, err.code = exc.status_code, "VALIDATION_ERROR" if exc.status_code < 500 else "INTERNAL"
+        return error_response(err, request_id)
+
+    async def crash(request: Request, exc: Exception) -> Response:
+        request_id = new_id("req")
+        log.exception("unhandled error [%s]", request_id)
+        return error_response(Internal(f"internal error; quote request id {request_id}"), request_id)
+
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: crash})
+    app.state.service = service
+    return app
+
+
+__all__ = ["create_app", "envelope", "json"]

@@ -1,0 +1,140 @@
+"""API keys: who is calling, for which organization, with which scopes.
+
+Keys live beside the organizations, outside any snapshot
+(``keys/<sha256 of the key>.json``, plus ``keys/by-id/<key_id>.json`` so a
+key can be revoked by its id), so creating or revoking one takes effect
+without a rebuild. Only the hash of a key is ever stored. Lookups are cached
+for ``CACHE_SECONDS`` (positive and negative alike), which bounds how long a
+revoked key keeps working.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+
+from core.domain import SCOPES
+from core.errors import Forbidden, NotFound, Unauthenticated, ValidationError
+from core.ids import new_id
+from core.instants import canonical, now_utc
+from core.ledger import Ledger
+from core.store import ObjectNotFound, PreconditionFailed, Store
+from core.validation import IDENTIFIER
+
+CACHE_SECONDS = 2.0
+ORG_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_KEY_FORMAT = re.compile(r"^titen_sk_[A-Za-z0-9_-]{43}$")
+
+
+@dataclass(frozen=True)
+class Principal:
+    org_id: str
+    principal_id: str
+    key_id: str
+    scopes: frozenset
+    workspaces: tuple
+
+    def require(self, scope: str) -> None:
+        if scope not in self.scopes and "admin" not in self.scopes:
+            raise Forbidden(f"this key lacks the {scope} scope")
+
+    def has(self, scope: str) -> bool:
+        return scope in self.scopes or "admin" in self.scopes
+
+
+def key_hash(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+class KeyRing:
+    def __init__(self, store: Store, cache_seconds: float = CACHE_SECONDS):
+        self.store = store
+        self.cache_seconds = cache_seconds
+        self._cache: dict[str, tuple[float, Principal | None]] = {}
+        self._lock = threading.Lock()
+
+    # -- administration (CLI) ----------------------------------------------
+
+    def create(self, org_id: str, principal_id: str, scopes: list[str], workspaces: list[str]) -> dict:
+        if not ORG_ID.match(org_id or ""):
+            raise ValidationError("--org must be 1-63 characters of a-z, 0-9, '_' or '-', starting with a letter or digit")
+        if not IDENTIFIER.match(principal_id or ""):
+            raise ValidationError("--principal must be an identifier (letters, digits, '_.:@-')")
+        unknown = [s for s in scopes if s not in SCOPES]
+        if unknown or not scopes:
+            raise ValidationError(f"--scopes must be a comma list of {', '.join(SCOPES)}")
+        bad_ws = [w for w in workspaces if not IDENTIFIER.match(w)]
+        if bad_ws:
+            raise ValidationError(f"--workspaces: {bad_ws[0]!r} is not an identifier")
+        api_key = "titen_sk_" + secrets.token_urlsafe(32)
+        key_id = new_id("key")
+        digest = key_hash(api_key)
+        record = {"key_id": key_id, "org_id": org_id, "principal_id": principal_id,
+                  "scopes": sorted(set(scopes)), "workspaces": sorted(set(workspaces)),
+                  "created_at": canonical(now_utc()), "revoked_at": None}
+        self.store.put_if_absent(f"keys/{digest}.json", json.dumps(record).encode())
+        self.store.put_if_absent(f"keys/by-id/{key_id}.json", json.dumps({"key_hash": digest}).encode())
+        Ledger(self.store).register_organization(org_id)
+        return {"key_id": key_id, "api_key": api_key, "org_id": org_id, "principal_id": principal_id}
+
+    def revoke(self, key_id: str) -> dict:
+        try:
+            pointer = json.loads(self.store.get(f"keys/by-id/{key_id}.json").body)
+        except (ObjectNotFound, ValueError):
+            raise NotFound(f"no key {key_id}") from None
+        key = f"keys/{pointer['key_hash']}.json"
+        for _ in range(5):
+            obj = self.store.get(key)
+            record = json.loads(obj.body)
+            if record.get("revoked_at"):
+                return record
+            record["revoked_at"] = canonical(now_utc())
+            try:
+                self.store.compare_and_swap(key, json.dumps(record).encode(), obj.etag)
+                return record
+            except PreconditionFailed:
+                continue
+        raise PreconditionFailed(f"{key_id} kept changing; try again")
+
+    # -- authentication (every request) ------------------------------------
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        if not authorization:
+            raise Unauthenticated("missing Authorization: Bearer <key> header")
+        scheme, _, token = authorization.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthenticated("the Authorization header must be 'Bearer <key>'")
+        if not _KEY_FORMAT.match(token):
+            raise Unauthenticated("the API key is not valid")
+        digest = key_hash(token)
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(digest)
+        if hit is not None and hit[0] > now:
+            principal = hit[1]
+        else:
+            principal = self._load(digest)
+            with self._lock:
+                if len(self._cache) > 10_000:
+                    self._cache.clear()
+                self._cache[digest] = (now + self.cache_seconds, principal)
+        if principal is None:
+            raise Unauthenticated("the API key is not valid or has been revoked")
+        return principal
+
+    def _load(self, digest: str) -> Principal | None:
+        try:
+            record = json.loads(self.store.get(f"keys/{digest}.json").body)
+        except ObjectNotFound:
+            return None
+        if record.get("revoked_at"):
+            return None
+        return Principal(org_id=record["org_id"], principal_id=record["principal_id"],
+                         key_id=record["key_id"], scopes=frozenset(record["scopes"]),
+                         workspaces=tuple(record.get("workspaces") or ()))

@@ -1,0 +1,70 @@
+"""The ledger: the canonical, append-only record of every accepted write.
+
+Each accepted write is one immutable JSON object at
+``orgs/<org>/ledger/<uuid7 hex>.json``, created with put-if-absent; the
+write is acknowledged only after that call returns. Nothing else is ever the
+only copy of accepted data: snapshots are derived from these objects and can
+always be rebuilt from them.
+
+An entry whose record has its own id (an observation, a context run) uses
+that id's hex as its key, so the record can be read back directly and at
+once — before any rebuild — by id.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+from core.ids import entry_hex as new_entry_hex
+from core.instants import canonical, from_ms
+from core.store import ObjectNotFound, PreconditionFailed, Store
+
+
+def ledger_prefix(org_id: str) -> str:
+    return f"orgs/{org_id}/ledger/"
+
+
+def entry_key(org_id: str, entry_hex: str) -> str:
+    return f"{ledger_prefix(org_id)}{entry_hex}.json"
+
+
+def encode(entry: dict) -> bytes:
+    return json.dumps(entry, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode()
+
+
+class Ledger:
+    def __init__(self, store: Store):
+        self.store = store
+
+    def append(self, org_id: str, entry_type: str, payload: dict, *, actor: str,
+               entry_hex: str | None = None) -> dict:
+        """Durably store one entry; returns it (with ``entry_id``, ``recorded_at``)."""
+        entry_hex = entry_hex or new_entry_hex()
+        entry = {"entry_id": entry_hex, "type": entry_type, "org_id": org_id, "actor": actor,
+                 "recorded_at": canonical(from_ms(int(entry_hex[:12], 16))), **payload}
+        self.store.put_if_absent(entry_key(org_id, entry_hex), encode(entry))
+        return entry
+
+    def read(self, org_id: str, entry_hex: str) -> dict | None:
+        try:
+            return json.loads(self.store.get(entry_key(org_id, entry_hex)).body)
+        except ObjectNotFound:
+            return None
+
+    def keys_after(self, org_id: str, start_after: str | None) -> Iterator[str]:
+        return self.store.list_keys(ledger_prefix(org_id), start_after=start_after)
+
+    def read_key(self, key: str) -> dict:
+        return json.loads(self.store.get(key).body)
+
+    def register_organization(self, org_id: str) -> None:
+        """Record that an organization exists, so the rebuild can find it
+        without listing every ledger (``organizations/<org>``)."""
+        try:
+            self.store.put_if_absent(f"organizations/{org_id}", b"{}")
+        except PreconditionFailed:
+            pass
+
+    def organizations(self) -> list[str]:
+        return [key.split("/", 1)[1] for key in self.store.list_keys("organizations/")]

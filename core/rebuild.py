@@ -1,0 +1,402 @@
+"""Snapshot build and publication for one organization.
+
+previous snapshot + ledger entries after its watermark → a new SQLite file →
+uploaded under a new generation with its sha256 → ``current.json`` swapped by
+compare-and-swap on the ETag it was read with. Rules this module enforces:
+
+- **No lost writes under clock skew.** Listing restarts ``skew_seconds``
+  behind the watermark, and entries already applied inside that window are
+  skipped (the ``applied`` table), so an entry from a lagging clock is applied
+  late but applied, and applying the same ledger twice changes nothing.
+- **Order-independent folding.** Lifecycle transitions are folded by claim
+  version and feedback by feedback id, never by arrival, so an incremental
+  build and a from-scratch replay (``from_scratch=True``) reach the same
+  canonical content; both report its hash.
+- **Single publisher.** Two rebuilds racing both upload (under distinct keys)
+  but only one compare-and-swap of the pointer succeeds; the loser deletes
+  its upload. A crash before the swap leaves the previous generation serving.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterable
+
+import apsw
+
+from core.domain import POSITIVE_OUTCOMES, TRUST_LEVELS
+from core.ids import uuid7_floor_hex, uuid7_ms
+from core.instants import canonical, now_utc, parse_instant
+from core.ledger import Ledger, ledger_prefix
+from core.snapshot_schema import CANONICAL_QUERIES, DDL, SCHEMA_VERSION
+from core.store import ObjectNotFound, PreconditionFailed, Store
+
+DEFAULT_SKEW_SECONDS = 600
+KEEP_GENERATIONS = 5
+TERMINAL = ("superseded", "expired", "revoked")
+
+
+class RebuildConflict(Exception):
+    """Another rebuild published first; this one's upload was withdrawn."""
+
+
+@dataclass
+class RebuildResult:
+    org_id: str
+    generation: int
+    published: bool
+    entries_applied: int
+    content_hash: str
+    claim_count: int
+    snapshot_bytes: int
+    seconds: float
+    snapshot_key: str | None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def pointer_key(org_id: str) -> str:
+    return f"orgs/{org_id}/snapshots/current.json"
+
+
+def read_pointer(store: Store, org_id: str) -> tuple[dict | None, str | None]:
+    try:
+        obj = store.get(pointer_key(org_id))
+    except ObjectNotFound:
+        return None, None
+    return json.loads(obj.body), obj.etag
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def content_hash(db: apsw.Connection) -> str:
+    h = hashlib.sha256()
+    for name, sql in CANONICAL_QUERIES:
+        h.update(f"\x00{name}\x00".encode())
+        for row in db.execute(sql):
+            h.update(json.dumps(row, separators=(",", ":"), ensure_ascii=False).encode())
+            h.update(b"\n")
+    return h.hexdigest()
+
+
+class SnapshotBuilder:
+    def __init__(self, store: Store, org_id: str, *, work_dir: str | None = None,
+                 skew_seconds: int = DEFAULT_SKEW_SECONDS,
+                 progress: Callable[[str], None] | None = None,
+                 before_publish: Callable[[], None] | None = None):
+        self.store = store
+        self.org_id = org_id
+        self.ledger = Ledger(store)
+        self.work_dir = work_dir or tempfile.gettempdir()
+        self.skew_ms = int(skew_seconds * 1000)
+        self.progress = progress or (lambda message: None)
+        self.before_publish = before_publish  # a test seam: a crash just before the swap
+
+    # -- public --------------------------------------------------------------
+
+    def rebuild(self, *, from_scratch: bool = False, force: bool = False) -> RebuildResult:
+        started = time.monotonic()
+        pointer, etag = read_pointer(self.store, self.org_id)
+        os.makedirs(self.work_dir, exist_ok=True)
+        work = os.path.join(self.work_dir, f"build-{self.org_id}-{secrets.token_hex(6)}.sqlite")
+        try:
+            db = self._open_work(work, None if from_scratch else pointer)
+            try:
+                applied = self._apply_new_entries(db)
+                if pointer is not None and applied == 0 and not from_scratch and not force:
+                    return RebuildResult(self.org_id, pointer["generation"], False, 0,
+                                         pointer["content_hash"], pointer["claim_count"],
+                                         pointer["bytes"], time.monotonic() - started,
+                                         pointer["snapshot_key"])
+                generation = (pointer["generation"] if pointer else 0) + 1
+                self.progress(f"{self.org_id}: hashing content")
+                digest = content_hash(db)
+                claim_count = db.execute("SELECT count(*) FROM claims").fetchone()[0]
+                self._set_meta(db, generation=generation, content_hash=digest,
+                               built_at=canonical(now_utc()), claim_count=claim_count)
+                db.execute("PRAGMA optimize")
+            finally:
+                db.close()
+            key, size = self._publish(work, generation, digest, claim_count, pointer, etag)
+            return RebuildResult(self.org_id, generation, True, applied, digest, claim_count, size,
+                                 time.monotonic() - started, key)
+        finally:
+            for suffix in ("", "-journal", "-wal", "-shm"):
+                try:
+                    os.unlink(work + suffix)
+                except FileNotFoundError:
+                    pass
+
+    # -- build ---------------------------------------------------------------
+
+    def _open_work(self, work: str, pointer: dict | None) -> apsw.Connection:
+        if pointer is not None:
+            self.store.download_file(pointer["snapshot_key"], work)
+            if file_sha256(work) != pointer["sha256"]:
+                # A damaged previous generation is never built upon: replay.
+                self.progress(f"{self.org_id}: previous snapshot fails its sha256; replaying the ledger")
+                os.unlink(work)
+                pointer = None
+        db = apsw.Connection(work)
+        db.execute("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA cache_size=-65536")
+        if pointer is None:
+            with db:
+                db.execute(DDL)
+                self._set_meta(db, org_id=self.org_id, schema_version=SCHEMA_VERSION, watermark="")
+        return db
+
+    @staticmethod
+    def _set_meta(db: apsw.Connection, **values) -> None:
+        db.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES(?, ?)",
+                       [(k, str(v)) for k, v in values.items()])
+
+    @staticmethod
+    def _meta(db: apsw.Connection, key: str) -> str | None:
+        row = db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def _apply_new_entries(self, db: apsw.Connection) -> int:
+        watermark = self._meta(db, "watermark") or ""
+        start_after = None
+        if watermark:
+            floor = uuid7_floor_hex(uuid7_ms(watermark) - self.skew_ms)
+            start_after = ledger_prefix(self.org_id) + floor
+        keys = [k for k in self.ledger.keys_after(self.org_id, start_after)
+                if not db.execute("SELECT 1 FROM applied WHERE entry_key=?", (k,)).fetchone()]
+        if not keys:
+            return 0
+        self.progress(f"{self.org_id}: applying {len(keys)} ledger entries")
+        touched: set[str] = set()
+        applied = 0
+        last_report = time.monotonic()
+        with ThreadPoolExecutor(max_workers=8) as pool, db:
+            for key, entry in zip(keys, pool.map(self.ledger.read_key, keys)):
+                apply_entry(db, entry, touched)
+                db.execute("INSERT INTO applied(entry_key) VALUES(?)", (key,))
+                applied += 1
+                if time.monotonic() - last_report > 2:
+                    last_report = time.monotonic()
+                    self.progress(f"{self.org_id}: applied {applied}/{len(keys)} entries")
+            self.progress(f"{self.org_id}: refreshing projections of {len(touched)} claims")
+            refresh_projections(db, touched)
+            new_watermark = max(watermark, max(k.rsplit("/", 1)[1][:32] for k in keys))
+            prune_before = ledger_prefix(self.org_id) + uuid7_floor_hex(uuid7_ms(new_watermark) - self.skew_ms)
+            db.execute("DELETE FROM applied WHERE entry_key < ?", (prune_before,))
+            self._set_meta(db, watermark=new_watermark)
+        return applied
+
+    # -- publish -------------------------------------------------------------
+
+    def _publish(self, work: str, generation: int, digest: str, claim_count: int,
+                 pointer: dict | None, etag: str | None) -> tuple[str, int]:
+        sha = file_sha256(work)
+        size = os.path.getsize(work)
+        key = f"orgs/{self.org_id}/snapshots/{generation:012d}-{secrets.token_hex(4)}.sqlite"
+        self.progress(f"{self.org_id}: uploading generation {generation} ({size} bytes)")
+        self.store.upload_file(key, work)
+        history = ([{"generation": generation, "snapshot_key": key, "sha256": sha}]
+                   + (pointer.get("history", []) if pointer else []))[:KEEP_GENERATIONS]
+        record = {"org_id": self.org_id, "generation": generation, "snapshot_key": key,
+                  "sha256": sha, "bytes": size, "content_hash": digest, "claim_count": claim_count,
+                  "published_at": canonical(now_utc()), "history": history}
+        body = json.dumps(record, indent=1).encode()
+        try:
+            if self.before_publish:
+                self.before_publish()
+            if etag is None:
+                self.store.put_if_absent(pointer_key(self.org_id), body)
+            else:
+                self.store.compare_and_swap(pointer_key(self.org_id), body, etag)
+        except PreconditionFailed:
+            self.store.delete(key)
+            raise RebuildConflict(f"{self.org_id}: another rebuild published first") from None
+        except BaseException:
+            self.store.delete(key)
+            raise
+        self._retire_old_generations(generation, {h["snapshot_key"] for h in history})
+        return key, size
+
+    def _retire_old_generations(self, generation: int, keep: set[str]) -> None:
+        prefix = f"orgs/{self.org_id}/snapshots/"
+        for key in self.store.list_keys(prefix):
+            name = key[len(prefix):]
+            if key in keep or not name[:12].isdigit():
+                continue
+            if int(name[:12]) <= generation:
+                self.store.delete(key)
+
+
+# -- applying entries (pure SQL over the work database) ------------------------
+
+def apply_entry(db: apsw.Connection, entry: dict, touched: set[str]) -> None:
+    kind = entry["type"]
+    if kind == "observation":
+        _insert_observation(db, entry["observation"])
+        for claim in entry.get("claims", []):
+            _insert_claim(db, claim, entry, touched)
+        touched.update(_claims_citing(db, [entry["observation"]["observation_id"]]))
+    elif kind == "consolidation":
+        for claim in entry["claims"]:
+            _insert_claim(db, claim, entry, touched)
+    elif kind == "batch":
+        batch_key = entry["batch_key"]
+        row = db.execute("SELECT entry_id FROM import_batches WHERE batch_key=?", (batch_key,)).fetchone()
+        if row is not None and row[0] <= entry["entry_id"]:
+            return  # a re-run of an import: the earlier entry already holds this batch
+        db.execute("INSERT OR REPLACE INTO import_batches(batch_key, entry_id) VALUES(?, ?)",
+                   (batch_key, entry["entry_id"]))
+        for obs in entry["observations"]:
+            _insert_observation(db, obs)
+        for claim in entry["claims"]:
+            _insert_claim(db, claim, entry, touched)
+    elif kind == "transition":
+        db.execute(
+            "INSERT INTO transitions(claim_id, from_version, action, entry_id, recorded_at, reason, new_claim_id)"
+            " VALUES(?, ?, ?, ?, ?, ?, ?) ON CONFLICT(claim_id, from_version) DO UPDATE SET"
+            " action=excluded.action, entry_id=excluded.entry_id, recorded_at=excluded.recorded_at,"
+            " reason=excluded.reason, new_claim_id=excluded.new_claim_id"
+            " WHERE excluded.entry_id < transitions.entry_id",
+            (entry["claim_id"], entry["expected_version"], entry["action"], entry["entry_id"],
+             entry["recorded_at"], entry.get("reason"),
+             entry["new_claim"]["claim_id"] if entry.get("new_claim") else None))
+        touched.add(entry["claim_id"])
+        if entry.get("new_claim"):
+            _insert_claim(db, entry["new_claim"], entry, touched)
+    elif kind == "feedback":
+        if entry.get("claim_id"):
+            db.execute(
+                "INSERT INTO feedback(context_id, claim_id, feedback_id, outcome) VALUES(?, ?, ?, ?)"
+                " ON CONFLICT(context_id, claim_id) DO UPDATE SET feedback_id=excluded.feedback_id,"
+                " outcome=excluded.outcome WHERE excluded.feedback_id > feedback.feedback_id",
+                (entry["context_id"], entry["claim_id"], entry["feedback_id"], entry["outcome"]))
+            touched.add(entry["claim_id"])
+    # context runs live in the ledger only: feedback reads them from there.
+
+
+def _insert_observation(db: apsw.Connection, obs: dict) -> None:
+    db.execute(
+        "INSERT OR IGNORE INTO observations(observation_id, org_id, subject_id, project_id, workspace_id,"
+        " visibility, owner_id, kind, content, source_json, trust, occurred_at, created_at)"
+        " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        (obs["observation_id"], obs["org_id"], obs["subject_id"], obs.get("project_id"),
+         obs.get("workspace_id"), obs["visibility"], obs["owner_id"], obs["kind"], obs["content"],
+         json.dumps(obs["source"], sort_keys=True, separators=(",", ":"), ensure_ascii=False),
+         obs["trust"], obs.get("occurred_at"), obs["created_at"]))
+
+
+def _insert_claim(db: apsw.Connection, claim: dict, entry: dict, touched: set[str]) -> None:
+    created_at = claim["created_at"]
+    cursor = db.execute(
+        "INSERT OR IGNORE INTO claims(claim_id, org_id, subject_id, project_id, workspace_id, visibility,"
+        " owner_id, statement, kind, confidence, trust, trust_level, observer_id, valid_from, valid_to,"
+        " created_at, created_s, entry_id) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING rowid",
+        (claim["claim_id"], claim["org_id"], claim["subject_id"], claim.get("project_id"),
+         claim.get("workspace_id"), claim["visibility"], claim["owner_id"], claim["statement"],
+         claim["kind"], claim["confidence"], claim["trust"], TRUST_LEVELS[claim["trust"]],
+         claim.get("observer_id"), claim["valid_from"], claim.get("valid_to"), created_at,
+         parse_instant(created_at).timestamp(), entry["entry_id"]))
+    if cursor.fetchone() is None:
+        return
+    db.executemany("INSERT OR IGNORE INTO claim_sources(claim_id, observation_id, relation) VALUES(?, ?, ?)",
+                   [(claim["claim_id"], s["observation_id"], s["relation"]) for s in claim["sources"]])
+    touched.add(claim["claim_id"])
+
+
+def _claims_citing(db: apsw.Connection, observation_ids: list[str]) -> list[str]:
+    marks = ",".join("?" * len(observation_ids))
+    return [r[0] for r in db.execute(
+        f"SELECT DISTINCT claim_id FROM claim_sources WHERE observation_id IN ({marks})", observation_ids)]
+
+
+def refresh_projections(db: apsw.Connection, claim_ids: Iterable[str]) -> None:
+    """Recompute every derived column of these claims from canonical rows."""
+    for claim_id in sorted(claim_ids):
+        row = db.execute("SELECT rowid, statement, indexed FROM claims WHERE claim_id=?", (claim_id,)).fetchone()
+        if row is None:
+            continue  # feedback or a transition for a claim not (yet) in this ledger
+        rowid, statement, indexed = row
+        version, base_status, superseded_by = 1, "active", None
+        for from_version, action, new_claim_id in db.execute(
+                "SELECT from_version, action, new_claim_id FROM transitions WHERE claim_id=?"
+                " ORDER BY from_version", (claim_id,)):
+            if from_version != version or base_status in TERMINAL:
+                continue
+            version += 1
+            base_status = {"supersede": "superseded", "revoke": "revoked", "expire": "expired"}[action]
+            superseded_by = new_claim_id if action == "supersede" else None
+        evidence = [list(r) for r in db.execute(
+            "SELECT s.observation_id, s.relation, o.visibility, o.workspace_id, o.owner_id"
+            " FROM claim_sources s LEFT JOIN observations o USING(observation_id)"
+            " WHERE s.claim_id=? ORDER BY s.observation_id, s.relation", (claim_id,))]
+        disputed = int(any(e[1] == "contradicts" for e in evidence))
+        status = "disputed" if base_status == "active" and disputed else base_status
+        total = positive = negative = 0
+        for (outcome,) in db.execute("SELECT outcome FROM feedback WHERE claim_id=?", (claim_id,)):
+            total += 1
+            if outcome in POSITIVE_OUTCOMES:
+                positive += 1
+            else:
+                negative += 1
+        should_index = int(status not in TERMINAL)
+        if should_index and not indexed:
+            db.execute("INSERT INTO claims_fts(rowid, statement) VALUES(?, ?)", (rowid, statement))
+        elif indexed and not should_index:
+            db.execute("DELETE FROM claims_fts WHERE rowid=?", (rowid,))
+        db.execute(
+            "UPDATE claims SET base_status=?, status=?, version=?, superseded_by=?, disputed=?,"
+            " feedback_total=?, feedback_positive=?, feedback_negative=?, evidence_json=?, indexed=?"
+            " WHERE rowid=?",
+            (base_status, status, version, superseded_by, disputed, total, positive, negative,
+             json.dumps(evidence, separators=(",", ":")), should_index, rowid))
+
+
+def rollback(store: Store, org_id: str, generation: int) -> dict:
+    """Serve a kept older generation again, as a new generation number.
+
+    Readers pick it up like any new generation. The ledger stays canonical:
+    the next rebuild starts from the rolled-back file and re-applies every
+    entry after its watermark, so rollback is for a bad *build* — pause the
+    rebuild schedule while the cause is fixed (docs/operations.md).
+    """
+    pointer, etag = read_pointer(store, org_id)
+    if pointer is None:
+        raise ValueError(f"{org_id} has no published snapshot")
+    target = next((h for h in pointer.get("history", []) if h["generation"] == generation), None)
+    if target is None:
+        kept = ", ".join(str(h["generation"]) for h in pointer.get("history", []))
+        raise ValueError(f"generation {generation} is not kept; kept generations: {kept}")
+    work = os.path.join(tempfile.gettempdir(), f"rollback-{secrets.token_hex(6)}.sqlite")
+    try:
+        store.download_file(target["snapshot_key"], work)
+        if file_sha256(work) != target["sha256"]:
+            raise ValueError(f"generation {generation} fails its sha256 check; not rolled back")
+        db = apsw.Connection(work, flags=apsw.SQLITE_OPEN_READONLY)
+        digest = db.execute("SELECT value FROM meta WHERE key='content_hash'").fetchone()[0]
+        claims = int(db.execute("SELECT value FROM meta WHERE key='claim_count'").fetchone()[0])
+        db.close()
+    finally:
+        if os.path.exists(work):
+            os.unlink(work)
+    new_generation = pointer["generation"] + 1
+    history = ([{"generation": new_generation, "snapshot_key": target["snapshot_key"], "sha256": target["sha256"]}]
+               + pointer.get("history", []))[:KEEP_GENERATIONS + 1]
+    record = {"org_id": org_id, "generation": new_generation, "snapshot_key": target["snapshot_key"],
+              "sha256": target["sha256"], "bytes": pointer.get("bytes", 0), "content_hash": digest,
+              "claim_count": claims, "published_at": canonical(now_utc()), "rolled_back_to": generation,
+              "history": history}
+    store.compare_and_swap(pointer_key(org_id), json.dumps(record, indent=1).encode(), etag)
+    return {"org_id": org_id, "generation": new_generation, "serving": generation}

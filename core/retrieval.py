@@ -1,0 +1,110 @@
+"""Every SQL read of a snapshot, with scope as predicates inside the query.
+
+Organization, subject, project, status, temporal validity and visibility are
+WHERE clauses of the candidate and hydrate queries themselves, so a record
+the caller may not read never reaches ranking, counts or normalization. The
+same holds for by-id lookups: a claim the caller may not read is
+indistinguishable from one that does not exist.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from core.keys import Principal
+from core.scope import can_read, visibility_sql
+from core.snapshot import Snapshot
+
+MAX_CANDIDATES = 200
+
+CLAIM_COLUMNS = ("rowid, claim_id, subject_id, project_id, workspace_id, visibility, owner_id, statement,"
+                 " kind, confidence, trust, trust_level, observer_id, valid_from, valid_to, created_at,"
+                 " created_s, status, version, disputed, feedback_total, feedback_positive,"
+                 " feedback_negative, evidence_json")
+
+
+@dataclass(frozen=True)
+class CompileScope:
+    """Step 1 of compile: who asks, about whom, as of when."""
+    principal: Principal
+    subject_id: str
+    project_id: str | None
+    at: str  # canonical instant
+
+    def where(self, alias: str = "c") -> tuple[str, list]:
+        vis, vis_params = visibility_sql(self.principal, alias)
+        clauses = [f"{alias}.org_id = ?", f"{alias}.subject_id = ?",
+                   f"{alias}.status IN ('active', 'disputed')",
+                   f"{alias}.valid_from <= ?", f"({alias}.valid_to IS NULL OR {alias}.valid_to > ?)", vis]
+        params: list = [self.principal.org_id, self.subject_id, self.at, self.at, *vis_params]
+        if self.project_id is not None:
+            clauses.insert(2, f"{alias}.project_id = ?")
+            params.insert(2, self.project_id)
+        return " AND ".join(clauses), params
+
+
+def lexical_candidates(snapshot: Snapshot, scope: CompileScope, match: str) -> list[tuple[int, float]]:
+    """Step 2: (rowid, bm25) of the best in-scope FTS5 matches, best first."""
+    where, params = scope.where()
+    sql = (f"SELECT c.rowid, bm25(claims_fts) AS b FROM claims_fts JOIN claims c ON c.rowid = claims_fts.rowid"
+           f" WHERE claims_fts MATCH ? AND {where} ORDER BY b, c.claim_id LIMIT {MAX_CANDIDATES}")
+    return list(snapshot.db.execute(sql, [match, *params]))
+
+
+def hydrate(snapshot: Snapshot, scope: CompileScope, rowids: list[int]) -> list[tuple]:
+    """Step 3: the claim rows for candidate ids, through the same scope."""
+    if not rowids:
+        return []
+    where, params = scope.where()
+    marks = ",".join("?" * len(rowids))
+    sql = f"SELECT {CLAIM_COLUMNS} FROM claims c WHERE c.rowid IN ({marks}) AND {where}"
+    return list(snapshot.db.execute(sql, [*rowids, *params]))
+
+
+def readable_evidence(principal: Principal, evidence_json: str) -> list[tuple[str, str]]:
+    """(observation_id, relation) of the sources this principal may read."""
+    out = []
+    for observation_id, relation, visibility, workspace_id, owner_id in json.loads(evidence_json):
+        if visibility is not None and can_read(principal, visibility, workspace_id, owner_id):
+            out.append((observation_id, relation))
+    return out
+
+
+def claim_for_reader(snapshot: Snapshot | None, principal: Principal, claim_id: str) -> dict | None:
+    """A claim by id if this principal may read it (any status), else None."""
+    if snapshot is None:
+        return None
+    vis, vis_params = visibility_sql(principal, "c")
+    cursor = snapshot.db.execute(
+        f"SELECT {CLAIM_COLUMNS}, base_status, superseded_by FROM claims c"
+        f" WHERE c.claim_id = ? AND c.org_id = ? AND {vis}", [claim_id, principal.org_id, *vis_params])
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    names = [d[0] for d in cursor.getdescription()]
+    return dict(zip(names, row))
+
+
+def observations_for_reader(snapshot: Snapshot, principal: Principal, ids: list[str]) -> dict[str, dict]:
+    if not ids:
+        return {}
+    vis, vis_params = visibility_sql(principal, "o")
+    marks = ",".join("?" * len(ids))
+    cursor = snapshot.db.execute(
+        f"SELECT observation_id, subject_id, project_id, workspace_id, visibility, kind, content,"
+        f" source_json, trust, occurred_at, created_at FROM observations o"
+        f" WHERE o.observation_id IN ({marks}) AND o.org_id = ? AND {vis}",
+        [*ids, principal.org_id, *vis_params])
+    out = {}
+    for row in cursor:
+        record = dict(zip([d[0] for d in cursor.getdescription()], row))
+        record["source"] = json.loads(record.pop("source_json"))
+        out[record["observation_id"]] = record
+    return out
+
+
+def claim_sources(snapshot: Snapshot, claim_id: str) -> list[dict]:
+    return [{"observation_id": o, "relation": r} for o, r in snapshot.db.execute(
+        "SELECT observation_id, relation FROM claim_sources WHERE claim_id=? ORDER BY observation_id, relation",
+        (claim_id,))]

@@ -1,0 +1,89 @@
+"""The service object: one store, its ledger, keys, snapshots and commands.
+
+Built once per process (module level on Lambda, at start-up for ``titen
+serve``) and shared by the HTTP app and the CLI. With ``auto_rebuild`` (the
+local mode) a write schedules an in-process rebuild of its organization a
+moment later, so a write is compile-visible within about a second.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from core.compile import Compiler
+from core.config import Settings
+from core.errors import Conflict
+from core.feedback import FeedbackDesk
+from core.keys import KeyRing
+from core.ledger import Ledger
+from core.rebuild import RebuildConflict, RebuildResult, SnapshotBuilder
+from core.snapshot import SnapshotReader
+from core.store import open_store
+from core.writes import Writes
+
+AUTO_REBUILD_DELAY = 0.25
+
+
+class Service:
+    def __init__(self, settings: Settings, *, auto_rebuild: bool = False, store=None):
+        self.settings = settings
+        self.store = store or open_store(settings.store_url)
+        self.ledger = Ledger(self.store)
+        self.keys = KeyRing(self.store)
+        self.reader = SnapshotReader(self.store, settings.cache_dir, settings.snapshot_ttl, settings.max_orgs)
+        self.vector_state = "disabled"  # no vector capability is configured or loaded
+        self.auto_rebuild = auto_rebuild
+        on_write = self._schedule_rebuild if auto_rebuild else None
+        self.writes = Writes(self.store, self.reader, on_write)
+        self.compiler = Compiler(self.ledger, self.reader, self.vector_state)
+        self.feedback = FeedbackDesk(self.ledger, self.compiler, on_write)
+        self._rebuild_locks: dict[str, threading.Lock] = {}
+        self._timers: dict[str, threading.Timer] = {}
+        self._guard = threading.Lock()
+
+    def builder(self, org_id: str, progress=None) -> SnapshotBuilder:
+        return SnapshotBuilder(self.store, org_id, work_dir=os.path.join(self.settings.cache_dir, "build"),
+                               skew_seconds=self.settings.skew_seconds, progress=progress)
+
+    def rebuild(self, org_id: str, *, from_scratch: bool = False, force: bool = False,
+                progress=None) -> RebuildResult:
+        """Rebuild one organization and serve the result before returning."""
+        with self._guard:
+            lock = self._rebuild_locks.setdefault(org_id, threading.Lock())
+        with lock:
+            for attempt in range(2):
+                try:
+                    result = self.builder(org_id, progress).rebuild(from_scratch=from_scratch, force=force)
+                    break
+                except RebuildConflict:
+                    if attempt:
+                        raise Conflict("another rebuild of this organization published first; retry") from None
+            self.reader.refresh(org_id, force=True)
+            return result
+
+    def _schedule_rebuild(self, org_id: str) -> None:
+        with self._guard:
+            if org_id in self._timers:
+                return
+            timer = threading.Timer(AUTO_REBUILD_DELAY, self._run_scheduled, args=(org_id,))
+            timer.daemon = True
+            self._timers[org_id] = timer
+        timer.start()
+
+    def _run_scheduled(self, org_id: str) -> None:
+        with self._guard:
+            self._timers.pop(org_id, None)
+        try:
+            self.rebuild(org_id)
+        except Exception:  # the next write or an explicit rebuild tries again
+            import logging
+            logging.getLogger("titen").exception("in-process rebuild of %s failed", org_id)
+
+    def wait_for_rebuilds(self) -> None:
+        """Run any scheduled rebuild now (tests and shutdown)."""
+        with self._guard:
+            pending = list(self._timers.items())
+        for org_id, timer in pending:
+            timer.cancel()
+            self._run_scheduled(org_id)

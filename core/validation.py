@@ -1,0 +1,220 @@
+"""Edge validation: the rules every request body obeys before anything runs.
+
+DESIGN §4: bodies over 1 MiB, JSON nested deeper than 64, ill-formed Unicode
+and terminal or bidirectional control characters in text are rejected with a
+clear message (tab and line feed are allowed). The ``Fields`` reader then
+checks one object's fields by name, type and range, and rejects unknown
+fields, so a typo in a request is an error rather than a silent default.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from datetime import datetime
+from typing import Any, Iterable
+
+from core.errors import PayloadTooLarge, ValidationError
+from core.instants import parse_instant
+
+MAX_BODY_BYTES = 1 << 20
+MAX_DEPTH = 64
+
+# C0 controls except tab (09) and line feed (0A), DEL, C1 controls, and the
+# bidirectional controls (ALM, LRM/RLM, embeddings/overrides, isolates).
+_FORBIDDEN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+IDENTIFIER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
+
+
+def _describe(ch: str) -> str:
+    return f"U+{ord(ch):04X}"
+
+
+def check_text(value: str, path: str) -> None:
+    if _SURROGATE.search(value):
+        raise ValidationError(f"{path}: ill-formed Unicode (unpaired surrogate)")
+    m = _FORBIDDEN.search(value)
+    if m:
+        raise ValidationError(
+            f"{path}: control character {_describe(m.group())} is not allowed (only tab and line feed are)")
+
+
+def parse_json_body(raw: bytes) -> dict:
+    """The request body as a JSON object, or a ``TitenError`` saying why not."""
+    if len(raw) > MAX_BODY_BYTES:
+        raise PayloadTooLarge(f"request body is {len(raw)} bytes; the limit is {MAX_BODY_BYTES} (1 MiB)")
+    if not raw.strip():
+        raise ValidationError("request body is empty; a JSON object is required")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValidationError(f"request body is not well-formed UTF-8 (byte {exc.start})") from None
+    _check_depth(text)
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except ValidationError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "invalid JSON"
+        pos = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+        raise ValidationError(f"request body is not valid JSON: {msg}{pos}") from None
+    if not isinstance(value, dict):
+        raise ValidationError("request body must be a JSON object")
+    _check_strings(value, "body")
+    return value
+
+
+def _reject_constant(name: str):
+    raise ValidationError(f"request body is not valid JSON: {name} is not a JSON number")
+
+
+def _check_depth(text: str) -> None:
+    # Count brackets outside strings before parsing, so a deeply nested body
+    # is refused without recursing through it.
+    depth = 0
+    in_string = False
+    escaped = False
+    for ch in re.finditer(r'[\[\]{}"\\]', text):
+        c = ch.group()
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+            continue
+        if c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise ValidationError(f"request body nests deeper than {MAX_DEPTH} levels")
+        elif c in "]}":
+            depth -= 1
+
+
+def _check_strings(value: Any, path: str) -> None:
+    stack = [(value, path)]
+    while stack:
+        v, p = stack.pop()
+        if isinstance(v, str):
+            check_text(v, p)
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                check_text(k, p)
+                stack.append((item, f"{p}.{k}"))
+        elif isinstance(v, list):
+            stack.extend((item, f"{p}[{i}]") for i, item in enumerate(v))
+
+
+class Fields:
+    """Typed, named access to one JSON object's fields, with clear errors."""
+
+    def __init__(self, obj: Any, path: str, allowed: Iterable[str]):
+        if not isinstance(obj, dict):
+            raise ValidationError(f"{path} must be a JSON object")
+        unknown = sorted(set(obj) - set(allowed))
+        if unknown:
+            raise ValidationError(f"{path}: unknown field {unknown[0]!r}")
+        self.obj = obj
+        self.path = path
+
+    def _name(self, name: str) -> str:
+        return name if self.path == "body" else f"{self.path}.{name}"
+
+    def _get(self, name: str, required: bool):
+        if name not in self.obj or self.obj[name] is None:
+            if required:
+                raise ValidationError(f"{self._name(name)} is required")
+            return None
+        return self.obj[name]
+
+    def string(self, name: str, *, required: bool = True, max_len: int = 256,
+               pattern: re.Pattern | None = None, choices: Iterable[str] | None = None,
+               default: str | None = None) -> str | None:
+        v = self._get(name, required)
+        if v is None:
+            return default
+        if not isinstance(v, str):
+            raise ValidationError(f"{self._name(name)} must be a string")
+        if choices is not None:
+            choices = tuple(choices)
+            if v not in choices:
+                raise ValidationError(f"{self._name(name)} must be one of {', '.join(choices)}; got {v!r}")
+            return v
+        if not v.strip():
+            raise ValidationError(f"{self._name(name)} must not be empty")
+        if len(v) > max_len:
+            raise ValidationError(f"{self._name(name)} is {len(v)} characters; at most {max_len} are allowed")
+        if pattern is not None and not pattern.match(v):
+            raise ValidationError(f"{self._name(name)} is not a valid identifier: {v[:80]!r}")
+        return v
+
+    def identifier(self, name: str, *, required: bool = True) -> str | None:
+        return self.string(name, required=required, max_len=128, pattern=IDENTIFIER)
+
+    def integer(self, name: str, *, required: bool = True, lo: int, hi: int,
+                default: int | None = None) -> int | None:
+        v = self._get(name, required)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValidationError(f"{self._name(name)} must be an integer")
+        if not lo <= v <= hi:
+            raise ValidationError(f"{self._name(name)} must be between {lo} and {hi}; got {v}")
+        return v
+
+    def number(self, name: str, *, required: bool = True, lo: float, hi: float,
+               default: float | None = None) -> float | None:
+        v = self._get(name, required)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValidationError(f"{self._name(name)} must be a number")
+        if not lo <= v <= hi:
+            raise ValidationError(f"{self._name(name)} must be between {lo} and {hi}; got {v}")
+        return float(v)
+
+    def boolean(self, name: str, *, default: bool = False) -> bool:
+        v = self._get(name, False)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise ValidationError(f"{self._name(name)} must be true or false")
+        return v
+
+    def instant(self, name: str, *, required: bool = False) -> datetime | None:
+        v = self._get(name, required)
+        if v is None:
+            return None
+        if not isinstance(v, str) or len(v) > 64:
+            raise ValidationError(f"{self._name(name)} must be an ISO-8601 instant string")
+        try:
+            return parse_instant(v)
+        except ValueError:
+            raise ValidationError(
+                f"{self._name(name)} must be an ISO-8601 instant with a time zone, "
+                f"e.g. 2026-07-30T12:00:00Z; got {v[:64]!r}") from None
+
+    def object(self, name: str, allowed: Iterable[str], *, required: bool = False) -> "Fields | None":
+        v = self._get(name, required)
+        if v is None:
+            return None
+        return Fields(v, self._name(name), allowed)
+
+    def array(self, name: str, *, required: bool = True, min_len: int = 0, max_len: int) -> list | None:
+        v = self._get(name, required)
+        if v is None:
+            return None
+        if not isinstance(v, list):
+            raise ValidationError(f"{self._name(name)} must be an array")
+        if not min_len <= len(v) <= max_len:
+            raise ValidationError(
+                f"{self._name(name)} must hold between {min_len} and {max_len} entries; got {len(v)}")
+        return v
+
+    def raw(self, name: str):
+        return self.obj.get(name)

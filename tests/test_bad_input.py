@@ -1,0 +1,193 @@
+"""Bad input gets the documented error envelope and changes nothing."""
+
+import json
+
+import pytest
+
+OBS = {"subject_id": "user_rama", "kind": "tool_result", "content": "ok",
+       "source": {"type": "tool", "ref": "r"}, "visibility": "organization"}
+
+
+def obs(**changes):
+    body = json.loads(json.dumps(OBS))
+    for k, v in changes.items():
+        if v is ...:
+            body.pop(k, None)
+        else:
+            body[k] = v
+    return body
+
+
+def compile_body(**changes):
+    body = {"subject_id": "user_rama", "task": "deploy", "max_tokens": 1200}
+    for k, v in changes.items():
+        if v is ...:
+            body.pop(k)
+        else:
+            body[k] = v
+    return body
+
+
+def claim(**changes):
+    c = {"statement": "s", "kind": "procedural", "confidence": 0.9}
+    c.update(changes)
+    return {k: v for k, v in c.items() if v is not ...}
+
+
+ROUTE_CASES = [
+    ("/v1/observations", obs(subject_id=...), "subject_id is required"),
+    ("/v1/observations", obs(content=5), "content must be a string"),
+    ("/v1/observations", obs(content=""), "content must not be empty"),
+    ("/v1/observations", obs(kind="gossip"), "kind must be one of"),
+    ("/v1/observations", obs(trust="policy_approved"), "policy_approved is never accepted"),
+    ("/v1/observations", obs(visibility="public"), "visibility must be one of"),
+    ("/v1/observations", obs(visibility="team"), "workspace_id is required"),
+    ("/v1/observations", obs(source={"type": "tool"}), "source.ref is required"),
+    ("/v1/observations", obs(occurred_at="yesterday"), "occurred_at must be an ISO-8601"),
+    ("/v1/observations", obs(occurred_at="2026-07-30T12:00:00"), "occurred_at must be an ISO-8601"),
+    ("/v1/observations", obs(claim=claim(confidence=1.5)), "claim.confidence must be between"),
+    ("/v1/observations", obs(claim=claim(confidence=True)), "claim.confidence must be a number"),
+    ("/v1/observations", obs(claim=claim(kind="opinion")), "claim.kind must be one of"),
+    ("/v1/observations", obs(claim=claim(statement=...)), "claim.statement is required"),
+    ("/v1/observations", obs(claim=claim(valid_from="2026-01-02T00:00:00Z", valid_to="2026-01-01T00:00:00Z")),
+     "valid_to must be later"),
+    ("/v1/observations", obs(subject_id="has space"), "not a valid identifier"),
+    ("/v1/observations", obs(extra=1), "unknown field 'extra'"),
+    ("/v1/consolidations", {"subject_id": "user_rama", "claims": []}, "between 1 and 50"),
+    ("/v1/consolidations", {"subject_id": "user_rama", "claims": [claim()] * 51}, "between 1 and 50"),
+    ("/v1/consolidations", {"subject_id": "user_rama", "claims": [claim(sources=[])]}, "between 1 and 20"),
+    ("/v1/consolidations", {"subject_id": "user_rama", "claims": [claim(sources=[
+        {"observation_id": "obs_" + "1" * 32, "relation": "contradicts"}])]}, "at least one 'supports'"),
+    ("/v1/consolidations", {"subject_id": "user_rama", "claims": [claim(sources=[
+        {"observation_id": "obs_" + "1" * 32, "relation": "refutes"}])]}, "relation must be one of"),
+    ("/v1/consolidations", {"subject_id": "user_rama", "claims": [claim(sources=[
+        {"observation_id": "nope", "relation": "supports"}])]}, "not an observation id"),
+    ("/v1/consolidations", {"subject_id": "user_rama", "claims": "x"}, "claims must be an array"),
+    ("/v1/context/compile", compile_body(task=...), "task is required"),
+    ("/v1/context/compile", compile_body(task="x" * 4001), "at most 4000"),
+    ("/v1/context/compile", compile_body(max_tokens=127), "between 128 and 32000"),
+    ("/v1/context/compile", compile_body(max_tokens=32001), "between 128 and 32000"),
+    ("/v1/context/compile", compile_body(max_tokens="1200"), "max_tokens must be an integer"),
+    ("/v1/context/compile", compile_body(max_tokens=1200.5), "max_tokens must be an integer"),
+    ("/v1/context/compile", compile_body(include_checkpoints="yes"), "include_checkpoints must be true or false"),
+    ("/v1/context/compile", compile_body(at="not a time"), "at must be an ISO-8601"),
+    ("/v1/context/compile", compile_body(subject_id=None), "subject_id is required"),
+]
+
+
+@pytest.mark.parametrize("path,body,message", ROUTE_CASES, ids=[f"{c[0]}:{c[2]}" for c in ROUTE_CASES])
+def test_route_rejects_bad_fields_and_writes_nothing(api, path, body, message):
+    key = api.key()
+    before = api.ledger_keys()
+    r = api.post(path, body, key)
+    assert r.status_code == 400, r.text
+    payload = r.json()
+    assert payload["error"]["code"] == "VALIDATION_ERROR"
+    assert message in payload["error"]["message"]
+    assert payload["meta"]["request_id"].startswith("req_")
+    assert api.ledger_keys() == before
+
+
+def _claim_and_context(api, key):
+    c = api.observe(key, claim={"statement": "deploy rule", "kind": "procedural", "confidence": 0.9})["claim_id"]
+    api.rebuild(key)
+    ctx = api.compile(key, "deploy").json()["data"]["context_id"]
+    return c, ctx
+
+
+BODY_ROUTES = ["/v1/observations", "/v1/consolidations", "/v1/context/compile", "CLAIM/supersede",
+               "CLAIM/revoke", "CLAIM/expire", "CTX/feedback"]
+
+RAW_CASES = [
+    (b"x" * (1024 * 1024 + 1), 413, "PAYLOAD_TOO_LARGE"),
+    (b"[" * 65 + b"]" * 65, 400, "VALIDATION_ERROR"),
+    (b'{"a":' * 70 + b"1" + b"}" * 70, 400, "VALIDATION_ERROR"),
+    (b'{"subject_id": "\xff\xfe"}', 400, "VALIDATION_ERROR"),
+    (b'{"subject_id": "\\ud800"}', 400, "VALIDATION_ERROR"),
+    (b'{"content": "bell \\u0007"}', 400, "VALIDATION_ERROR"),
+    (b'{"content": "esc \\u001b[31m"}', 400, "VALIDATION_ERROR"),
+    ('{"content": "bidi \u202e"}'.encode(), 400, "VALIDATION_ERROR"),
+    (b'{"content": "cr \\r"}', 400, "VALIDATION_ERROR"),
+    (b'{"x": NaN}', 400, "VALIDATION_ERROR"),
+    (b"[1, 2]", 400, "VALIDATION_ERROR"),
+    (b"{not json", 400, "VALIDATION_ERROR"),
+    (b"", 400, "VALIDATION_ERROR"),
+]
+
+
+@pytest.mark.parametrize("route", BODY_ROUTES)
+@pytest.mark.parametrize("raw,status,code", RAW_CASES, ids=[f"case{i}" for i in range(len(RAW_CASES))])
+def test_body_rules_hold_on_every_route(api, route, raw, status, code):
+    key = api.key()
+    claim_id, ctx = _claim_and_context(api, key)
+    path = route.replace("CLAIM", f"/v1/claims/{claim_id}").replace("CTX", f"/v1/context/{ctx}")
+    before = api.ledger_keys()
+    r = api.post(path, raw, key)
+    assert (r.status_code, r.json()["error"]["code"]) == (status, code)
+    assert "Traceback" not in r.text
+    assert api.ledger_keys() == before
+
+
+def test_tab_and_line_feed_are_allowed_in_text(api):
+    key = api.key()
+    r = api.post("/v1/observations", obs(content="line one\n\tline two"), key)
+    assert r.status_code == 201
+
+
+@pytest.mark.parametrize("headers", [{}, {"authorization": "Bearer nope"}, {"authorization": "Basic abc"},
+                                     {"authorization": "Bearer titen_sk_" + "A" * 43}])
+def test_missing_or_invalid_keys_are_unauthenticated(api, headers):
+    r = api.client.post("/v1/observations", content=json.dumps(OBS), headers=headers)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "UNAUTHENTICATED"
+
+
+def test_a_key_without_the_scope_is_forbidden_and_writes_nothing(api):
+    reader = api.key(scopes="context:compile")
+    r = api.post("/v1/observations", OBS, reader)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "FORBIDDEN"
+    assert api.ledger_keys() == []
+
+
+def test_verified_trust_needs_the_verify_scope(api):
+    writer = api.key(scopes="memory:write")
+    r = api.post("/v1/observations", obs(trust="verified"), writer)
+    assert r.status_code == 403
+    assert api.ledger_keys() == []
+
+
+def test_unknown_route_and_wrong_method_use_the_envelope(api):
+    r = api.client.get("/v1/nothing-here")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "NOT_FOUND"
+    r = api.client.get("/v1/observations")
+    assert r.status_code == 405 and r.json()["error"]["code"] == "METHOD_NOT_ALLOWED"
+    assert r.json()["meta"]["request_id"].startswith("req_")
+
+
+def test_an_internal_failure_is_a_500_without_a_stack_trace(api, monkeypatch):
+    key = api.key()
+
+    def boom(*a, **k):
+        raise RuntimeError("SELECT secret FROM claims -- internal detail")
+
+    monkeypatch.setattr(api.service.compiler, "compile", boom)
+    r = api.compile(key, "deploy")
+    assert r.status_code == 500 and r.json()["error"]["code"] == "INTERNAL"
+    assert "SELECT" not in r.text and "Traceback" not in r.text
+
+
+def test_a_revoked_key_gets_401_within_five_seconds(api, monkeypatch):
+    import core.keys
+    key = api.key()
+    assert api.get("/readyz", key).status_code == 200
+    api.service.keys.revoke(key["_key_id"])
+    clock = [core.keys.time.monotonic()]
+    monkeypatch.setattr(core.keys.time, "monotonic", lambda: clock[0])
+    clock[0] += 5.0
+    r = api.post("/v1/observations", OBS, key)
+    assert r.status_code == 401
+    assert api.service.keys.cache_seconds <= 5
+
+
+def test_a_new_key_works_at_once(api):
+    key = api.key(org="fresh")
+    assert api.post("/v1/observations", OBS, key).status_code == 201

@@ -1,0 +1,148 @@
+"""Nothing leaks across scope: on every route, a caller from another
+organization, and one without the record's visibility, sees exactly what an
+unknown id shows."""
+
+import pytest
+
+UNKNOWN_CLAIM = "claim_" + "0" * 32
+UNKNOWN_OBS = "obs_" + "0" * 32
+UNKNOWN_CTX = "ctx_" + "0" * 32
+
+
+def same_as_unknown(seen, unknown, seen_id, unknown_id):
+    assert seen.status_code == unknown.status_code == 404, (seen.text, unknown.text)
+    a, b = seen.json()["error"], unknown.json()["error"]
+    assert a["code"] == b["code"] == "NOT_FOUND"
+    assert a["message"].replace(seen_id, "ID") == b["message"].replace(unknown_id, "ID")
+
+
+@pytest.fixture
+def world(api):
+    """One claim per visibility, written by alice of acme, and the outsiders."""
+    alice = api.key(principal="alice", workspaces=["ws_a"])
+    records = {}
+    for visibility in ("private", "team", "organization"):
+        extra = {"workspace_id": "ws_a"} if visibility == "team" else {}
+        data = api.observe(alice, visibility=visibility, content=f"{visibility} deploy note",
+                           claim={"statement": f"{visibility} deploy rule", "kind": "procedural",
+                                  "confidence": 0.9}, **extra)
+        records[visibility] = data
+    api.rebuild(alice)
+    return {"alice": alice, "records": records,
+            "foreign": api.key(org="globex", principal="alice", workspaces=["ws_a"]),
+            "bob": api.key(principal="bob"),  # same org, not in ws_a, not alice
+            }
+
+
+def outsiders(world):
+    """(caller, visibility) pairs that must not see the record."""
+    return [(world["foreign"], "private"), (world["foreign"], "team"), (world["foreign"], "organization"),
+            (world["bob"], "private"), (world["bob"], "team")]
+
+
+def test_evidence_route(api, world):
+    for caller, vis in outsiders(world):
+        claim = world["records"][vis]["claim_id"]
+        same_as_unknown(api.get(f"/v1/claims/{claim}/evidence", caller),
+                        api.get(f"/v1/claims/{UNKNOWN_CLAIM}/evidence", caller), claim, UNKNOWN_CLAIM)
+
+
+@pytest.mark.parametrize("action", ["supersede", "revoke", "expire"])
+def test_transition_routes(api, world, action):
+    body = {"expected_version": 1, "statement": "changed"} if action == "supersede" else {"expected_version": 1}
+    for caller, vis in outsiders(world):
+        claim = world["records"][vis]["claim_id"]
+        before = api.ledger_keys()
+        same_as_unknown(api.post(f"/v1/claims/{claim}/{action}", body, caller),
+                        api.post(f"/v1/claims/{UNKNOWN_CLAIM}/{action}", body, caller), claim, UNKNOWN_CLAIM)
+        assert api.ledger_keys() == before
+
+
+def test_consolidation_citing_evidence(api, world):
+    for caller, vis in outsiders(world):
+        obs = world["records"][vis]["observation_id"]
+
+        def cite(obs_id):
+            return api.post("/v1/consolidations", {"subject_id": "user_rama", "claims": [
+                {"statement": "s", "kind": "semantic_fact", "confidence": 0.5,
+                 "sources": [{"observation_id": obs_id, "relation": "supports"}]}]}, caller)
+        same_as_unknown(cite(obs), cite(UNKNOWN_OBS), obs, UNKNOWN_OBS)
+
+
+def test_stored_context_and_feedback_routes(api, world):
+    ctx = api.compile(world["alice"], "deploy rule").json()["data"]["context_id"]
+    for caller in (world["foreign"], world["bob"]):
+        same_as_unknown(api.get(f"/v1/context/{ctx}", caller), api.get(f"/v1/context/{UNKNOWN_CTX}", caller),
+                        ctx, UNKNOWN_CTX)
+        same_as_unknown(api.post(f"/v1/context/{ctx}/feedback", {"outcome": "useful"}, caller),
+                        api.post(f"/v1/context/{UNKNOWN_CTX}/feedback", {"outcome": "useful"}, caller),
+                        ctx, UNKNOWN_CTX)
+
+
+def test_compile_never_sees_or_counts_what_the_caller_may_not_read(api, world):
+    expectations = [(world["alice"], {"private", "team", "organization"}),
+                    (world["bob"], {"organization"}), (world["foreign"], set())]
+    for caller, visible in expectations:
+        r = api.compile(caller, "deploy rule")
+        assert r.status_code == 200
+        claims = {i["claim_id"] for i in r.json()["data"]["items"]}
+        assert claims == {world["records"][v]["claim_id"] for v in visible}
+        assert r.json()["meta"]["candidates"] == len(visible)
+
+
+def test_team_visibility_follows_the_key_workspaces(api, world):
+    teammate = api.key(principal="carol", workspaces=["ws_a"])
+    claims = {i["claim_id"] for i in api.compile(teammate, "deploy rule").json()["data"]["items"]}
+    assert claims == {world["records"]["team"]["claim_id"], world["records"]["organization"]["claim_id"]}
+
+
+def test_another_subject_or_project_is_out_of_scope(api):
+    key = api.key()
+    api.observe(key, subject_id="user_other", claim={"statement": "deploy rule other", "kind": "procedural",
+                                                      "confidence": 0.9})
+    in_project = api.observe(key, project_id="proj_a", claim={"statement": "deploy rule project",
+                                                               "kind": "procedural", "confidence": 0.9})
+    no_project = api.observe(key, claim={"statement": "deploy rule general", "kind": "procedural", "confidence": 0.9})
+    api.rebuild(key)
+    everything = api.compile(key, "deploy rule").json()
+    assert {i["claim_id"] for i in everything["data"]["items"]} == {in_project["claim_id"], no_project["claim_id"]}
+    narrowed = api.compile(key, "deploy rule", project_id="proj_a").json()
+    assert [i["claim_id"] for i in narrowed["data"]["items"]] == [in_project["claim_id"]]
+    assert narrowed["meta"]["candidates"] == 1
+    assert api.compile(key, "deploy rule", project_id="proj_b").json()["meta"]["candidates"] == 0
+
+
+def test_another_organization_never_shifts_a_score(api, tmp_path):
+    from core.config import Settings
+    from core.service import Service
+    from conftest import Api
+
+    def scores(with_noise):
+        root = tmp_path / ("noisy" if with_noise else "quiet")
+        local = Api(Service(Settings.from_env(data_dir=str(root), env={"TITEN_SNAPSHOT_TTL": "0"})))
+        key = local.key()
+        for text in ("deploy smoke rule", "deploy canary rule", "unrelated words entirely"):
+            local.observe(key, claim={"statement": text, "kind": "procedural", "confidence": 0.9})
+        if with_noise:
+            other = local.key(org="globex")
+            for i in range(30):
+                local.observe(other, claim={"statement": f"deploy deploy smoke {i}", "kind": "procedural",
+                                            "confidence": 0.9})
+            local.rebuild(other)
+        local.rebuild(key)
+        items = local.compile(key, "deploy smoke", at="2030-01-01T00:00:00Z").json()["data"]["items"]
+        return [(i["claim"], i["score"], i["score_components"]) for i in items]
+
+    assert scores(False) == scores(True)
+
+
+def test_hidden_claims_never_reach_normalization(api):
+    """A strong private match of bob must not lower alice's relevance."""
+    alice, bob = api.key(principal="alice"), api.key(principal="bob")
+    api.observe(alice, visibility="organization",
+                claim={"statement": "deploy canary", "kind": "procedural", "confidence": 0.9})
+    api.observe(bob, visibility="private",
+                claim={"statement": "deploy deploy deploy canary canary", "kind": "procedural", "confidence": 0.9})
+    api.rebuild(alice)
+    (item,) = api.compile(alice, "deploy canary").json()["data"]["items"]
+    assert item["score_components"]["relevance"] == 1

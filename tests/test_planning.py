@@ -1,0 +1,32 @@
+"""Query planning: free text to a safe FTS5 MATCH expression (pure)."""
+
+from core.planning import MAX_TERMS, plan_query
+
+
+def test_terms_are_quoted_and_or_ed():
+    assert plan_query("Deploy smoke").match == '"deploy" OR "smoke"'
+
+
+def test_fts5_operators_become_words_or_punctuation():
+    plan = plan_query('"x" OR y* NEAR(a b) col:z ^q (')
+    assert plan.terms == ("x", "y", "near", "b", "col", "z", "q")
+    assert all(part.startswith('"') and part.endswith('"') for part in plan.match.split(" OR "))
+
+
+def test_function_words_are_dropped_unless_nothing_else_is_left():
+    assert plan_query("the deploy of the service").terms == ("deploy", "service")
+    assert plan_query("the of and").terms == ("the", "of", "and")
+
+
+def test_at_most_sixteen_distinct_terms_in_order():
+    words = [f"w{i}" for i in range(30)]
+    plan = plan_query(" ".join(words + words))
+    assert plan.terms == tuple(words[:MAX_TERMS])
+
+
+def test_no_searchable_term_gives_no_match():
+    assert plan_query("?! ... ---").match is None
+
+
+def test_terms_are_case_folded_and_deduplicated():
+    assert plan_query("Deploy DEPLOY deploy").terms == ("deploy",)

@@ -1,0 +1,65 @@
+"""The five score components and their combination, as tables (pure)."""
+
+import pytest
+
+from core.ranking import RankInput, rank, recency, relevances, trust, utility
+
+DAY = 86400.0
+
+
+@pytest.mark.parametrize("age_days,expected", [(0, 1.0), (0.9, 1.0), (90, 0.5), (180, 0.25), (45, 0.5 ** 0.5)])
+def test_recency_halves_every_ninety_whole_days(age_days, expected):
+    assert recency(created_s=0.0, at_s=age_days * DAY) == pytest.approx(expected)
+
+
+def test_recency_of_a_claim_created_after_at_is_one():
+    assert recency(created_s=10 * DAY, at_s=0.0) == 1.0
+
+
+@pytest.mark.parametrize("level,expected", [(0, 0.0), (1, 1 / 3), (2, 2 / 3), (3, 1.0)])
+def test_trust_is_level_over_three(level, expected):
+    assert trust(level) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("total,positive,negative,expected", [
+    (0, 0, 0, 0.5), (2, 2, 0, 0.5), (2, 0, 2, 0.5),
+    (3, 3, 0, 1.0), (3, 0, 3, 0.0), (4, 3, 1, 0.75), (4, 2, 2, 0.5)])
+def test_utility_is_neutral_below_three_signals_and_moves_after(total, positive, negative, expected):
+    assert utility(total, positive, negative) == pytest.approx(expected)
+
+
+def _input(claim_id, bm25=-2.0, **kw):
+    base = dict(confidence=1.0, trust_level=0, created_s=0.0, feedback_total=0, feedback_positive=0,
+                feedback_negative=0, disputed=False)
+    base.update(kw)
+    return RankInput(claim_id, bm25=bm25, **base)
+
+
+def test_relevance_is_bm25_strength_over_the_best_in_the_candidate_set():
+    assert relevances([_input("a", -4.0), _input("b", -1.0), _input("c", None)]) == [1.0, 0.25, 0.0]
+
+
+def test_relevance_prefers_the_larger_of_lexical_and_semantic():
+    cands = [_input("a", -4.0, similarity=0.2), _input("b", -1.0, similarity=0.8), _input("c", None, similarity=0.4)]
+    assert relevances(cands) == [1.0, 1.0, 0.5]
+
+
+@pytest.mark.parametrize("disputed,expected", [(False, 0.0), (True, 1.0)])
+def test_conflict_is_one_for_a_disputed_claim(disputed, expected):
+    (r,) = rank([_input("a", disputed=disputed)], at_s=0.0)
+    assert r.components["conflict"] == expected
+
+
+def test_worked_example_score_and_its_disputed_twin():
+    claim = _input("claim_b", -3.0, confidence=0.95, trust_level=2)
+    twin = _input("claim_a", -3.0, confidence=0.9, trust_level=2, disputed=True)
+    first, second = rank([claim, twin], at_s=0.0)
+    assert (first.claim_id, first.score) == ("claim_a", 0.795)
+    assert (second.claim_id, second.score) == ("claim_b", 0.744167)
+    assert second.components == {"relevance": 1.0, "trust": 0.666667, "recency": 1.0, "utility": 0.5,
+                                 "conflict": 0.0}
+
+
+def test_ties_break_by_claim_id_whatever_the_input_order():
+    a, b = _input("claim_1"), _input("claim_2")
+    assert [r.claim_id for r in rank([b, a], 0.0)] == [r.claim_id for r in rank([a, b], 0.0)] == ["claim_1", "claim_2"]
