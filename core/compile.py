@@ -23,7 +23,7 @@ from core.ledger import Ledger
 from core.packing import BudgetTooSmall, assemble, dumps, pack
 from core.planning import MAX_TASK_CHARS, plan_query
 from core.ranking import RankInput, rank
-from core.retrieval import CompileScope, hydrate, lexical_candidates, readable_evidence
+from core.retrieval import COL, CompileScope, disputed_for, hydrate, lexical_candidates, readable_evidence
 from core.snapshot import SnapshotReader
 from core.tokens import estimate_tokens
 from core.validation import Fields
@@ -93,20 +93,20 @@ class Compiler:
         by_id = {}
         inputs = []
         for row in rows:
-            (rowid, claim_id, _subject, _project, _ws, _vis, _owner, _statement, _kind, confidence, _trust,
-             trust_level, _observer, _vf, _vt, _created, created_s, status, _version, disputed, fb_total,
-             fb_pos, fb_neg, _evidence) = row
+            claim_id = row[COL["claim_id"]]
             by_id[claim_id] = row
-            inputs.append(RankInput(claim_id, confidence, trust_level, created_s, fb_total, fb_pos, fb_neg,
-                                    bool(disputed) or status == "disputed", bm25=bm25[rowid]))
+            inputs.append(RankInput(claim_id, row[COL["confidence"]], row[COL["trust_level"]],
+                                    row[COL["created_s"]], row[COL["feedback_total"]],
+                                    row[COL["feedback_positive"]], row[COL["feedback_negative"]],
+                                    disputed_for(principal, row), bm25=bm25[row[COL["rowid"]]]))
         ranked = rank(inputs, req.at_s)
         lap("rank")
         # 5. pack
         context_hex = entry_hex()
         context_id = f"ctx_{context_hex}"
         envelope = {"context_id": context_id, "query": {"task": req.task},
-                    "scope": {"subject_id": req.subject_id, "project_id": req.project_id, "at": req.at},
-                    "budget": {"max_tokens": req.max_tokens, "used_tokens": 0, "envelope_tokens": 0},
+                    "scope": {"subject_id": req.subject_id, "project_id": req.project_id},
+                    "budget": {"max_tokens": req.max_tokens, "used_tokens": 0},
                     "items": [], "conflicts": [],
                     "policy_snapshot": POLICY_SNAPSHOT, "instructions": INSTRUCTIONS}
         try:
@@ -129,14 +129,14 @@ class Compiler:
                     "model": "enabled" if self.vector_state != "disabled" else "disabled"}
         if req.include_checkpoints:
             degraded["checkpoints"] = "unavailable"
-        meta = {"degraded": degraded, "candidates": len(rows),
-                "generation": snapshot.generation if snapshot else 0}
+        meta = {"degraded": degraded, "candidates": len(rows), "at": req.at,
+                "envelope_tokens": result.envelope_tokens, "generation": snapshot.generation if snapshot else 0}
         # record the run before answering
         stored = {k: v for k, v in data.items() if k != "query"}
         self.ledger.append(principal.org_id, "context_run", {
             "context_id": context_id, "key_id": principal.key_id,
             "task_sha256": hashlib.sha256(req.task.encode()).hexdigest(),
-            "scope": {**data["scope"], "workspaces": list(principal.workspaces)},
+            "scope": {**data["scope"], "at": req.at, "workspaces": list(principal.workspaces)},
             "budget": data["budget"], "degraded": degraded, "candidates": len(rows),
             "items": [{"claim_id": i["claim_id"], "score": i["score"],
                        "score_components": i["score_components"]} for i in data["items"]],
@@ -146,16 +146,19 @@ class Compiler:
 
     @staticmethod
     def _item(principal: Principal, row: tuple, ranked) -> tuple[dict, dict | None]:
-        (_rowid, claim_id, _subject, _project, _ws, _vis, _owner, statement, kind, confidence, trust,
-         _level, observer_id, valid_from, valid_to, _created, _created_s, status, _version, disputed, *_rest,
-         evidence_json) = row
-        evidence = readable_evidence(principal, evidence_json)
-        item = {"claim_id": claim_id, "claim": statement, "kind": kind, "confidence": confidence,
-                "trust": trust, "status": status, "observer_id": observer_id, "valid_from": valid_from,
-                "valid_to": valid_to, "evidence_ids": sorted({o for o, _ in evidence}),
+        claim_id = row[COL["claim_id"]]
+        evidence = readable_evidence(principal, row[COL["evidence_json"]])
+        disputed = ranked.components["conflict"] == 1
+        status = row[COL["status"]]
+        if status == "disputed" and not disputed:
+            status = "active"  # contradicted only by evidence this reader may not see
+        item = {"claim_id": claim_id, "claim": row[COL["statement"]], "kind": row[COL["kind"]],
+                "confidence": row[COL["confidence"]], "trust": row[COL["trust"]], "status": status,
+                "observer_id": row[COL["observer_id"]], "valid_from": row[COL["valid_from"]],
+                "valid_to": row[COL["valid_to"]], "evidence_ids": sorted({o for o, _ in evidence}),
                 "score": ranked.score, "score_components": ranked.components}
         conflict = None
-        if status == "disputed" or disputed:
+        if disputed:
             conflict = {"claim_id": claim_id, "reason": "contradicting_evidence",
                         "evidence_ids": sorted({o for o, r in evidence if r in ("supports", "contradicts")})}
         return item, conflict

@@ -128,8 +128,11 @@ def create_app(service: Service) -> Starlette:
             raise NotFound(f"claim {claim_id} not found")
         sources = readable_evidence(principal, row["evidence_json"])
         observed = observations_for_reader(snapshot, principal, [o for o, _ in sources])
+        status = row["status"]
+        if status == "disputed" and not any(r == "contradicts" for _, r in sources):
+            status = "active"  # contradicted only by evidence this reader may not see
         claim = {"claim_id": row["claim_id"], "claim": row["statement"], "kind": row["kind"],
-                 "confidence": row["confidence"], "trust": row["trust"], "status": row["status"],
+                 "confidence": row["confidence"], "trust": row["trust"], "status": status,
                  "version": row["version"], "subject_id": row["subject_id"], "project_id": row["project_id"],
                  "visibility": row["visibility"], "observer_id": row["observer_id"],
                  "valid_from": row["valid_from"], "valid_to": row["valid_to"],

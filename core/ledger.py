@@ -30,7 +30,7 @@ def entry_key(org_id: str, entry_hex: str) -> str:
 
 
 def encode(entry: dict) -> bytes:
-    return json.dumps(entry, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode()
+    return json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 class Ledger:

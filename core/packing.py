@@ -43,8 +43,7 @@ def envelope_cost(envelope: dict, max_tokens: int) -> int:
     """The estimate of ``data`` with no items, its budget numbers at their
     widest for this ``max_tokens``."""
     probe = dict(envelope, items=[], conflicts=[])
-    probe["budget"] = dict(envelope["budget"], max_tokens=max_tokens, used_tokens=max_tokens,
-                           envelope_tokens=max_tokens)
+    probe["budget"] = dict(envelope["budget"], max_tokens=max_tokens, used_tokens=max_tokens)
     return estimate_tokens(dumps(probe))
 
 
@@ -81,6 +80,5 @@ def pack(ranked: list[tuple[dict, dict | None]], envelope: dict, max_tokens: int
 
 def assemble(envelope: dict, result: PackResult) -> dict:
     data = dict(envelope, items=result.items, conflicts=result.conflicts)
-    data["budget"] = dict(envelope["budget"], used_tokens=result.used_tokens,
-                          envelope_tokens=result.envelope_tokens)
+    data["budget"] = dict(envelope["budget"], used_tokens=result.used_tokens)
     return data

@@ -343,6 +343,7 @@ def refresh_projections(db: apsw.Connection, claim_ids: Iterable[str]) -> None:
             " FROM claim_sources s LEFT JOIN observations o USING(observation_id)"
             " WHERE s.claim_id=? ORDER BY s.observation_id, s.relation", (claim_id,))]
         disputed = int(any(e[1] == "contradicts" for e in evidence))
+        dispute_public = int(any(e[1] == "contradicts" and e[2] == "organization" for e in evidence))
         status = "disputed" if base_status == "active" and disputed else base_status
         total = positive = negative = 0
         for (outcome,) in db.execute("SELECT outcome FROM feedback WHERE claim_id=?", (claim_id,)):
@@ -357,10 +358,10 @@ def refresh_projections(db: apsw.Connection, claim_ids: Iterable[str]) -> None:
         elif indexed and not should_index:
             db.execute("DELETE FROM claims_fts WHERE rowid=?", (rowid,))
         db.execute(
-            "UPDATE claims SET base_status=?, status=?, version=?, superseded_by=?, disputed=?,"
+            "UPDATE claims SET base_status=?, status=?, version=?, superseded_by=?, disputed=?, dispute_public=?,"
             " feedback_total=?, feedback_positive=?, feedback_negative=?, evidence_json=?, indexed=?"
             " WHERE rowid=?",
-            (base_status, status, version, superseded_by, disputed, total, positive, negative,
+            (base_status, status, version, superseded_by, disputed, dispute_public, total, positive, negative,
              json.dumps(evidence, separators=(",", ":")), should_index, rowid))
 
 

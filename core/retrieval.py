@@ -18,10 +18,12 @@ from core.snapshot import Snapshot
 
 MAX_CANDIDATES = 200
 
-CLAIM_COLUMNS = ("rowid, claim_id, subject_id, project_id, workspace_id, visibility, owner_id, statement,"
-                 " kind, confidence, trust, trust_level, observer_id, valid_from, valid_to, created_at,"
-                 " created_s, status, version, disputed, feedback_total, feedback_positive,"
-                 " feedback_negative, evidence_json")
+CLAIM_FIELDS = ("rowid", "claim_id", "subject_id", "project_id", "workspace_id", "visibility", "owner_id",
+                "statement", "kind", "confidence", "trust", "trust_level", "observer_id", "valid_from",
+                "valid_to", "created_at", "created_s", "status", "version", "disputed", "dispute_public",
+                "feedback_total", "feedback_positive", "feedback_negative", "evidence_json")
+CLAIM_COLUMNS = ", ".join(CLAIM_FIELDS)
+COL = {name: i for i, name in enumerate(CLAIM_FIELDS)}
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,16 @@ def hydrate(snapshot: Snapshot, scope: CompileScope, rowids: list[int]) -> list[
     marks = ",".join("?" * len(rowids))
     sql = f"SELECT {CLAIM_COLUMNS} FROM claims c WHERE c.rowid IN ({marks}) AND {where}"
     return list(snapshot.db.execute(sql, [*rowids, *params]))
+
+
+def disputed_for(principal: Principal, row: tuple) -> bool:
+    """Whether this reader sees the claim contradicted. Contradicting evidence
+    the reader may not read neither marks nor scores the claim for them."""
+    if row[COL["dispute_public"]]:
+        return True
+    if not row[COL["disputed"]]:
+        return False
+    return any(rel == "contradicts" for _, rel in readable_evidence(principal, row[COL["evidence_json"]]))
 
 
 def readable_evidence(principal: Principal, evidence_json: str) -> list[tuple[str, str]]:

@@ -47,6 +47,9 @@ CREATE TABLE claims(
   version INTEGER NOT NULL DEFAULT 1,
   superseded_by TEXT,
   disputed INTEGER NOT NULL DEFAULT 0,
+  -- disputed by evidence every reader of the organization can see, so the
+  -- common case needs no per-caller look at the evidence list
+  dispute_public INTEGER NOT NULL DEFAULT 0,
   feedback_total INTEGER NOT NULL DEFAULT 0,
   feedback_positive INTEGER NOT NULL DEFAULT 0,
   feedback_negative INTEGER NOT NULL DEFAULT 0,
@@ -114,7 +117,7 @@ CREATE VIRTUAL TABLE claims_fts USING fts5(
 CANONICAL_QUERIES = (
     ("claims", "SELECT claim_id, org_id, subject_id, project_id, workspace_id, visibility, owner_id,"
                " statement, kind, confidence, trust, observer_id, valid_from, valid_to, created_at,"
-               " base_status, status, version, superseded_by, disputed, feedback_total,"
+               " base_status, status, version, superseded_by, disputed, dispute_public, feedback_total,"
                " feedback_positive, feedback_negative, evidence_json, indexed"
                " FROM claims ORDER BY claim_id"),
     ("observations", "SELECT * FROM observations ORDER BY observation_id"),

@@ -54,11 +54,10 @@ def _check_trust(principal: Principal, trust: str | None, path: str) -> None:
 
 
 def _check_workspace(principal: Principal, visibility: str, workspace_id: str | None, path: str) -> None:
-    if visibility == "team":
-        if workspace_id is None:
-            raise ValidationError(f"{path}: workspace_id is required for team visibility")
-        if workspace_id not in principal.workspaces:
-            raise Forbidden(f"{path}: this key is not a member of workspace {workspace_id}")
+    if visibility == "team" and workspace_id is None:
+        raise ValidationError(f"{path}: workspace_id is required for team visibility")
+    if workspace_id is not None and workspace_id not in principal.workspaces:
+        raise Forbidden(f"{path}: this key is not a member of workspace {workspace_id}")
 
 
 def _claim_body(f: Fields, path: str, *, created_at: str, require_core: bool = True) -> dict:
@@ -200,11 +199,16 @@ class Writes:
             cap = strongest_trust([o["trust"] for o in supporting])
             final_trust = cap if trust is None else min(trust, cap, key=TRUST_LEVELS.__getitem__)
             narrowest = narrowest_visibility([o["visibility"] for o in supporting])
+            team_workspaces = {o.get("workspace_id") for o in supporting if o["visibility"] == "team"}
+            if len(team_workspaces) > 1:
+                # No one workspace may read all of this evidence: the claim
+                # can only be as wide as its writer.
+                narrowest = "private"
             final_visibility = visibility or narrowest
             if VISIBILITY_RANK[final_visibility] > VISIBILITY_RANK[narrowest]:
-                raise ValidationError(
-                    f"{path}.visibility {final_visibility} is wider than its evidence allows ({narrowest})")
-            team_workspaces = {o.get("workspace_id") for o in supporting if o["visibility"] == "team"}
+                detail = (f"team evidence spans workspaces {', '.join(sorted(team_workspaces))}"
+                          if len(team_workspaces) > 1 else f"its evidence allows at most {narrowest}")
+                raise ValidationError(f"{path}.visibility {final_visibility} is wider than its evidence: {detail}")
             if final_visibility == "team":
                 if workspace_id is None and len(team_workspaces) == 1:
                     workspace_id = next(iter(team_workspaces))
@@ -270,7 +274,10 @@ class Writes:
             new_claim = Writes._claim_record(
                 principal, record_hex(new_hex, 1), merged, created_at, subject_id=claim["subject_id"],
                 project_id=claim.get("project_id"), visibility=claim["visibility"],
-                workspace_id=claim.get("workspace_id"), trust=claim["trust"], sources=claim["sources"])
+                workspace_id=claim.get("workspace_id"), sources=claim["sources"],
+                # a new statement is only as trusted as its writer may vouch for
+                trust=claim["trust"] if principal.has("memory:verify") else min(
+                    claim["trust"], "asserted", key=TRUST_LEVELS.__getitem__))
             new_claim["owner_id"] = claim["owner_id"]
             payload["new_claim"] = new_claim
             status = "superseded"

@@ -145,3 +145,83 @@ def test_stored_pack_of_another_principal_is_not_found(api, twins):
     assert foreign.status_code == unknown.status_code == 404
     assert foreign.json()["error"]["message"].replace(data["context_id"], "X") == \
         unknown.json()["error"]["message"].replace("ctx_" + "0" * 32, "X")
+
+
+def _days_later(days):
+    from datetime import timedelta
+
+    from core.instants import canonical, now_utc
+    return canonical(now_utc() + timedelta(days=days, hours=1))
+
+
+@pytest.mark.parametrize("days,recency", [(0, 1), (90, 0.5), (180, 0.25)])
+def test_recency_through_at(api, days, recency):
+    key = api.key()
+    api.observe(key, claim={"statement": "deploy smoke rule", "kind": "procedural", "confidence": 1.0})
+    api.rebuild(key)
+    (item,) = api.compile(key, "deploy smoke", at=_days_later(days)).json()["data"]["items"]
+    assert item["score_components"]["recency"] == recency
+
+
+@pytest.mark.parametrize("trust,expected", [("unverified", 0), ("asserted", 0.333333), ("verified", 0.666667)])
+def test_trust_component_through_http(api, trust, expected):
+    key = api.key()
+    api.observe(key, trust=trust, claim={"statement": "deploy smoke rule", "kind": "procedural", "confidence": 1.0})
+    api.rebuild(key)
+    (item,) = api.compile(key, "deploy smoke").json()["data"]["items"]
+    assert item["score_components"]["trust"] == expected and item["trust"] == trust
+
+
+@pytest.mark.parametrize("window,visible", [
+    ({"valid_from": "2020-01-01T00:00:00Z", "valid_to": "2021-01-01T00:00:00Z"}, False),
+    ({"valid_from": "2099-01-01T00:00:00Z"}, False),
+    ({"valid_from": "2020-01-01T00:00:00Z", "valid_to": "2099-01-01T00:00:00Z"}, True),
+    ({}, True)])
+def test_claims_outside_their_validity_window_never_appear(api, window, visible):
+    key = api.key()
+    api.observe(key, claim={"statement": "deploy smoke rule", "kind": "procedural", "confidence": 1.0, **window})
+    api.rebuild(key)
+    body = api.compile(key, "deploy smoke").json()
+    assert (len(body["data"]["items"]) == 1) is visible
+    assert body["meta"]["candidates"] == (1 if visible else 0)
+
+
+def test_validity_is_evaluated_as_of_at(api):
+    key = api.key()
+    api.observe(key, claim={"statement": "deploy smoke rule", "kind": "procedural", "confidence": 1.0,
+                            "valid_from": "2020-01-01T00:00:00Z", "valid_to": "2021-01-01T00:00:00Z"})
+    api.rebuild(key)
+    assert len(api.compile(key, "deploy smoke", at="2020-06-01T00:00:00Z").json()["data"]["items"]) == 1
+    assert api.compile(key, "deploy smoke", at="2021-01-01T00:00:00Z").json()["data"]["items"] == []
+
+
+@pytest.mark.parametrize("action", ["supersede", "revoke", "expire"])
+def test_superseded_expired_or_revoked_claims_never_appear(api, action):
+    key = api.key()
+    claim = api.observe(key, claim={"statement": "deploy smoke rule", "kind": "procedural",
+                                    "confidence": 1.0})["claim_id"]
+    body = {"expected_version": 1, "statement": "canary first"} if action == "supersede" else {"expected_version": 1}
+    assert api.post(f"/v1/claims/{claim}/{action}", body, key).status_code in (200, 201)
+    api.rebuild(key)
+    r = api.compile(key, "deploy smoke").json()
+    assert r["data"]["items"] == [] and r["meta"]["candidates"] == 0
+
+
+def test_at_most_three_items_per_kind(api):
+    key = api.key()
+    for i in range(5):
+        api.observe(key, claim={"statement": f"deploy smoke rule {i}", "kind": "procedural", "confidence": 0.9})
+    api.observe(key, claim={"statement": "deploy smoke fact", "kind": "semantic_fact", "confidence": 0.9})
+    api.rebuild(key)
+    items = api.compile(key, "deploy smoke", max_tokens=32000).json()["data"]["items"]
+    kinds = [i["kind"] for i in items]
+    assert kinds.count("procedural") == 3 and kinds.count("semantic_fact") == 1
+
+
+def test_a_write_is_compile_visible_from_the_next_generation(api):
+    key = api.key()
+    api.observe(key, claim={"statement": "deploy smoke rule", "kind": "procedural", "confidence": 1.0})
+    assert api.compile(key, "deploy smoke").json()["data"]["items"] == []
+    generation = api.rebuild(key)["generation"]
+    r = api.compile(key, "deploy smoke").json()
+    assert len(r["data"]["items"]) == 1 and r["meta"]["generation"] == generation

@@ -146,3 +146,44 @@ def test_hidden_claims_never_reach_normalization(api):
     api.rebuild(alice)
     (item,) = api.compile(alice, "deploy canary").json()["data"]["items"]
     assert item["score_components"]["relevance"] == 1
+
+
+def test_contradiction_by_evidence_the_reader_cannot_see_neither_marks_nor_scores(api):
+    alice = api.key(principal="alice")
+    bob = api.key(principal="bob")
+    public = api.observe(alice, visibility="organization")
+    secret = api.observe(alice, visibility="private", content="Smoke failed in my private run.")
+    r = api.post("/v1/consolidations", {"subject_id": "user_rama", "claims": [
+        {"statement": "deploy smoke passes", "kind": "semantic_fact", "confidence": 0.9, "sources": [
+            {"observation_id": public["observation_id"], "relation": "supports"},
+            {"observation_id": secret["observation_id"], "relation": "contradicts"}]}]}, alice)
+    claim = r.json()["data"]["claim_ids"][0]
+    api.rebuild(alice)
+    seen_by_alice = api.compile(alice, "deploy smoke").json()["data"]
+    seen_by_bob = api.compile(bob, "deploy smoke").json()["data"]
+    assert seen_by_alice["items"][0]["status"] == "disputed" and len(seen_by_alice["conflicts"]) == 1
+    assert seen_by_bob["items"][0]["status"] == "active" and seen_by_bob["conflicts"] == []
+    assert seen_by_bob["items"][0]["score_components"]["conflict"] == 0
+    assert seen_by_bob["items"][0]["evidence_ids"] == [public["observation_id"]]
+    evidence = api.get(f"/v1/claims/{claim}/evidence", bob).json()["data"]
+    assert evidence["claim"]["status"] == "active"
+    assert [e["observation_id"] for e in evidence["evidence"]] == [public["observation_id"]]
+
+
+def test_a_claim_on_team_evidence_from_two_workspaces_cannot_be_team_visible(api):
+    key = api.key(workspaces=["ws_a", "ws_b"])
+    a = api.observe(key, visibility="team", workspace_id="ws_a")
+    b = api.observe(key, visibility="team", workspace_id="ws_b")
+    sources = [{"observation_id": a["observation_id"], "relation": "supports"},
+               {"observation_id": b["observation_id"], "relation": "supports"}]
+    before = api.ledger_keys()
+    r = api.post("/v1/consolidations", {"subject_id": "user_rama", "claims": [
+        {"statement": "s", "kind": "semantic_fact", "confidence": 0.9, "visibility": "team",
+         "workspace_id": "ws_a", "sources": sources}]}, key)
+    assert r.status_code == 400 and "spans workspaces" in r.json()["error"]["message"]
+    assert api.ledger_keys() == before
+    r = api.post("/v1/consolidations", {"subject_id": "user_rama", "claims": [
+        {"statement": "s", "kind": "semantic_fact", "confidence": 0.9, "sources": sources}]}, key)
+    api.rebuild(key)
+    claim = api.get(f"/v1/claims/{r.json()['data']['claim_ids'][0]}/evidence", key).json()["data"]["claim"]
+    assert claim["visibility"] == "private"

@@ -173,3 +173,24 @@ def test_two_concurrent_transitions_of_one_version_exactly_one_wins(api):
     [t.start() for t in threads]
     [t.join() for t in threads]
     assert sorted(codes) == [200, 409]
+
+
+def test_superseding_a_verified_claim_without_the_verify_scope_caps_trust_at_asserted(api):
+    admin = api.key()
+    writer = api.key(principal="writer", scopes="memory:write,context:compile")
+    claim = api.observe(admin, trust="verified", claim={"statement": "Smoke is green.", "kind": "semantic_fact",
+                                                        "confidence": 0.9})["claim_id"]
+    r = api.post(f"/v1/claims/{claim}/supersede", {"expected_version": 1, "statement": "Smoke is red."}, writer)
+    assert r.status_code == 201
+    api.rebuild(admin)
+    new = api.get(f"/v1/claims/{r.json()['data']['claim_id']}/evidence", admin).json()["data"]["claim"]
+    assert new["trust"] == "asserted"
+
+
+def test_naming_a_workspace_the_key_is_not_in_is_forbidden(api):
+    key = api.key(workspaces=["ws_a"])
+    r = api.post("/v1/observations", {"subject_id": "user_rama", "kind": "tool_result", "content": "c",
+                                      "source": {"type": "tool", "ref": "r"}, "visibility": "organization",
+                                      "workspace_id": "ws_other"}, key)
+    assert r.status_code == 403
+    assert api.ledger_keys() == []

@@ -1,0 +1,1 @@
+"""Benchmarks (run as scripts: see bench/README.md)."""

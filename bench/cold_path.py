@@ -1,0 +1,286 @@
+"""Cold path of the Lambda API: from `import handler.api` to the first answered compile.
+
+    .venv/bin/python bench/cold_path.py [--claims 50000] [--runs 3]
+
+Two fresh interpreters, because one cannot measure both honestly:
+
+1. **imports** -- a fresh `python -c "import handler.api"` with an s3:// store
+   URL and no network traffic (module init builds the Service and its boto3
+   client, nothing more). Run `--runs` times; the median is reported.
+2. **first invocation** -- a second fresh interpreter starts moto (mock_aws, in
+   process, with the same lock tests/conftest.py uses), builds an organization
+   of `--claims` claims in the mocked bucket exactly as `titen import` +
+   the RebuildFunction would (core.importer.import_file from the reference
+   corpus, then SnapshotBuilder.rebuild), creates a key, then imports
+   handler.api and sends it infra/events/compile.json (task and subject from
+   the reference workload) through `handler.api.handler`: the first request of
+   a new execution environment, with an empty /tmp cache. The store and the
+   snapshot reader are wrapped with timers to split that invocation into key
+   lookup, pointer GET, snapshot download, sha256, open, first query (FTS5 +
+   rank + pack + the HTTP layer) and recording the context run.
+
+moto answers from memory, so its "download" is a memory copy: the table adds
+an estimate for real S3 (`--s3-mbps`, default 80 MB/s for one GetObject
+stream from Lambda) beside the measured figure. Results are printed and
+written to bench/results/cold_path.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import gzip
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE_DIR = Path(os.environ.get("TITEN_BENCH_REFERENCE_DIR") or "/work/shared/bench/reference-workload")
+WORKLOAD = REFERENCE_DIR / "workload-seed20260817.json"
+RESULTS = ROOT / "bench" / "results" / "cold_path.json"
+BUCKET = "titen-cold-path"
+ORG = "bench"
+CORPUS_SIZES = (1000, 10000, 50000)
+
+BASE_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+            "TITEN_STORE": f"s3://{BUCKET}/", "TITEN_SNAPSHOT_TTL": "5"}
+
+
+def child_env(cache_dir: str) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("AWS_", "TITEN_")) and k not in ("PYTHONPATH",)}
+    env.update(BASE_ENV)
+    env["TITEN_CACHE_DIR"] = cache_dir
+    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONDONTWRITEBYTECODE"] = "0"
+    return env
+
+
+# -- the corpus ---------------------------------------------------------------------
+
+def observation_lines(n: int, path: Path, subject_id: str) -> None:
+    """The first n corpus claims as POST /v1/observations bodies (NDJSON)."""
+    source = next((REFERENCE_DIR / f"corpus-seed20260817-n{size}.jsonl.gz"
+                   for size in CORPUS_SIZES if size >= n), None)
+    if source is None:
+        raise SystemExit(f"--claims {n}: the reference corpora hold at most {CORPUS_SIZES[-1]} claims")
+    written = 0
+    with gzip.open(source, "rt", encoding="utf-8") as src, open(path, "w", encoding="utf-8") as out:
+        for line in src:
+            if written == n:
+                break
+            c = json.loads(line)
+            out.write(json.dumps({
+                "subject_id": subject_id, "kind": "user_statement", "content": c["statement"],
+                "trust": "asserted", "visibility": "organization",
+                "source": {"type": "tool", "ref": f"bench#{c['i']}"},
+                "claim": {"statement": c["statement"], "kind": c["kind"], "confidence": c["confidence"]},
+            }) + "\n")
+            written += 1
+
+
+# -- child 1: imports ------------------------------------------------------------------
+
+IMPORT_PROBE = """
+import json, time
+t0 = time.perf_counter()
+import handler.api
+t1 = time.perf_counter()
+print(json.dumps({"import_handler_api_ms": (t1 - t0) * 1000}))
+"""
+
+
+def measure_imports(runs: int) -> list[float]:
+    times = []
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory() as cache:
+            out = subprocess.run([sys.executable, "-c", IMPORT_PROBE], env=child_env(cache), cwd=ROOT,
+                                 check=True, capture_output=True, text=True).stdout
+        times.append(json.loads(out.strip().splitlines()[-1])["import_handler_api_ms"])
+    return times
+
+
+# -- child 2: the first invocation -------------------------------------------------------
+
+def first_invocation(args) -> dict:
+    """Runs inside the second fresh interpreter (``--child``)."""
+    import threading
+
+    import boto3
+    from moto import mock_aws
+    from moto.core.botocore_stubber import BotocoreStubber
+
+    lock = threading.Lock()
+    unlocked = BotocoreStubber.process_request
+
+    def process_request(self, *a, **kw):
+        with lock:
+            return unlocked(self, *a, **kw)
+
+    BotocoreStubber.process_request = process_request
+    workload = json.loads(WORKLOAD.read_text())
+    report: dict = {"claims": args.claims}
+    with mock_aws(), tempfile.TemporaryDirectory() as work:
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
+        from core.importer import import_file
+        from core.keys import KeyRing, Principal
+        from core.rebuild import SnapshotBuilder, read_pointer
+        from core.store import open_store
+
+        store = open_store(os.environ["TITEN_STORE"])
+        ndjson = Path(work) / "observations.ndjson"
+        t = time.perf_counter()
+        observation_lines(args.claims, ndjson, workload["subject_id"])
+        importer = Principal(ORG, "importer", "cli", frozenset({"admin", "memory:write"}), ())
+        imported = import_file(store, importer, str(ndjson))
+        report["import_seconds"] = round(time.perf_counter() - t, 2)
+        t = time.perf_counter()
+        built = SnapshotBuilder(store, ORG, work_dir=str(Path(work) / "build")).rebuild()
+        report["rebuild_seconds"] = round(time.perf_counter() - t, 2)
+        report["ledger_batches"] = imported["batches_written"]
+        pointer, _ = read_pointer(store, ORG)
+        report["snapshot_bytes"] = pointer["bytes"]
+        report["snapshot_claims"] = pointer["claim_count"]
+        assert built.claim_count == args.claims, built
+        api_key = KeyRing(store).create(ORG, "agent", ["context:compile"], [])["api_key"]
+
+        # -- the execution environment starts here (deps already loaded by moto) --
+        t = time.perf_counter()
+        import handler.api as api
+        report["import_handler_api_in_this_process_ms"] = (time.perf_counter() - t) * 1000
+
+        import core.snapshot as snapshot_module
+
+        spans: dict[str, float] = {}
+
+        def timed(name, fn):
+            def run(*a, **kw):
+                t0 = time.perf_counter()
+                try:
+                    return fn(*a, **kw)
+                finally:
+                    spans[name] = spans.get(name, 0.0) + (time.perf_counter() - t0) * 1000
+            return run
+
+        s = api.service.store
+        s.get = timed("key_lookup", s.get)  # the only plain GET before the query: keys/<hash>.json
+        s.get_if_changed = timed("pointer_get", s.get_if_changed)
+        s.download_file = timed("snapshot_download", s.download_file)
+        s.put_if_absent = timed("record_context_run", s.put_if_absent)
+        snapshot_module.file_sha256 = timed("sha256", snapshot_module.file_sha256)
+        snapshot_module.open_readonly = timed("open", snapshot_module.open_readonly)
+
+        event = json.loads((ROOT / "infra" / "events" / "compile.json").read_text())
+        event["headers"]["authorization"] = f"Bearer {api_key}"
+
+        def compile_event(task):
+            body = json.dumps({"subject_id": workload["subject_id"], "task": task,
+                               "max_tokens": workload["max_tokens"]}).encode()
+            return {**event, "body": base64.b64encode(body).decode(),
+                    "headers": {**event["headers"], "content-length": str(len(body))}}
+
+        task = workload["tasks"][0]
+        t = time.perf_counter()
+        response = api.handler(compile_event(task), None)
+        total = (time.perf_counter() - t) * 1000
+        body = json.loads(response["body"])
+        assert response["statusCode"] == 200, body
+        report["first_invocation_ms"] = total
+        report["spans_ms"] = dict(spans)
+        report["first_query_ms"] = total - sum(spans.values())
+        report["items"] = len(body["data"]["items"])
+        report["candidates"] = body["meta"]["candidates"]
+        report["generation"] = body["meta"]["generation"]
+        warm = []
+        for task in workload["tasks"][1:6]:
+            t = time.perf_counter()
+            assert api.handler(compile_event(task), None)["statusCode"] == 200
+            warm.append((time.perf_counter() - t) * 1000)
+        report["warm_invocation_ms_median"] = statistics.median(warm)
+    return report
+
+
+# -- orchestration -------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--claims", type=int, default=50000)
+    parser.add_argument("--runs", type=int, default=3, help="fresh-interpreter import measurements")
+    parser.add_argument("--s3-mbps", type=float, default=80.0, help="S3 GetObject throughput for the estimate")
+    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(first_invocation(args)))
+        return 0
+
+    imports = measure_imports(args.runs)
+    print(f"imports measured ({args.runs} fresh interpreters); building {args.claims:,} claims in moto ...",
+          file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory() as cache:
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child",
+                               "--claims", str(args.claims)],
+                              env=child_env(cache), cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode:
+        sys.stderr.write(proc.stderr)
+        return proc.returncode
+    child = json.loads(proc.stdout.strip().splitlines()[-1])
+    spans = child["spans_ms"]
+    import_ms = statistics.median(imports)
+    download_estimate = child["snapshot_bytes"] / (args.s3_mbps * 1e6) * 1000
+    rows = [
+        ("imports (fresh interpreter: handler.api, core, starlette, mangum, boto3, apsw)", import_ms, import_ms),
+        ("key lookup (GET keys/<sha256>.json)", spans.get("key_lookup", 0.0), spans.get("key_lookup", 0.0)),
+        ("snapshot pointer (GET current.json)", spans.get("pointer_get", 0.0), spans.get("pointer_get", 0.0)),
+        ("snapshot download", spans.get("snapshot_download", 0.0), download_estimate),
+        ("snapshot sha256", spans.get("sha256", 0.0), spans.get("sha256", 0.0)),
+        ("open (read-only, immutable)", spans.get("open", 0.0), spans.get("open", 0.0)),
+        ("first query (FTS5, rank, pack, HTTP layer)", child["first_query_ms"], child["first_query_ms"]),
+        ("record context run (PUT ledger entry)", spans.get("record_context_run", 0.0),
+         spans.get("record_context_run", 0.0)),
+    ]
+    total = sum(r[1] for r in rows)
+    total_estimate = sum(r[2] for r in rows)
+    mb = child["snapshot_bytes"] / 1e6
+    lines = [f"cold path: {args.claims:,} claims, snapshot {mb:.1f} MB "
+             f"({child['snapshot_claims']:,} claims), Python {platform.python_version()} on "
+             f"{platform.machine()}, {os.cpu_count()} CPUs",
+             "",
+             f"| {'phase':<78} | {'ms (moto)':>10} | {'ms (S3 est.)':>12} |",
+             f"|{'-' * 80}|{'-' * 12}:|{'-' * 14}:|"]
+    for name, measured, estimate in rows:
+        lines.append(f"| {name:<78} | {measured:>10.1f} | {estimate:>12.1f} |")
+    lines.append(f"| {'total: import to first answered compile':<78} | {total:>10.1f} | {total_estimate:>12.1f} |")
+    lines += ["",
+              f"S3 estimate: the download at {args.s3_mbps:.0f} MB/s; other S3 calls as measured on moto "
+              f"(real S3 adds ~10-30 ms per request).",
+              f"first compile: {child['items']} items from {child['candidates']} candidates, generation "
+              f"{child['generation']}; warm compile (same environment) median "
+              f"{child['warm_invocation_ms_median']:.1f} ms",
+              f"imports per run (ms): {', '.join(f'{x:.0f}' for x in imports)}",
+              f"setup (not part of the cold path): import {child['import_seconds']} s "
+              f"({child['ledger_batches']} batch entries), rebuild {child['rebuild_seconds']} s"]
+    print("\n".join(lines))
+    result = {"claims": args.claims, "snapshot_bytes": child["snapshot_bytes"],
+              "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+              "imports_ms": imports, "imports_ms_median": import_ms,
+              "phases_ms": {name: round(m, 2) for name, m, _ in rows},
+              "phases_ms_s3_estimate": {name: round(e, 2) for name, _, e in rows},
+              "total_ms": round(total, 2), "total_ms_s3_estimate": round(total_estimate, 2),
+              "s3_mbps_assumed": args.s3_mbps, "child": child}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"\nwritten to {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""The titen command: keys, import, rebuild, demo and serve, as a user runs them."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from core.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_keys_create_json_prints_the_documented_fields(tmp_path, capsys):
+    code, out, _ = run(capsys, "keys", "create", "--org", "acme", "--principal", "rama",
+                       "--scopes", "context:compile,memory:write", "--workspaces", "ws_a", "--json",
+                       "--data-dir", str(tmp_path))
+    assert code == 0
+    created = json.loads(out)
+    assert set(created) == {"key_id", "api_key", "org_id", "principal_id"}
+    assert created["key_id"].startswith("key_") and created["org_id"] == "acme"
+    stored = "".join(p.read_text() for p in (tmp_path / "keys").glob("*.json"))
+    assert created["api_key"] not in stored  # only the hash is kept
+
+
+def test_keys_create_rejects_an_unknown_scope(tmp_path, capsys):
+    code, _, err = run(capsys, "keys", "create", "--org", "acme", "--principal", "rama", "--scopes", "root",
+                       "--data-dir", str(tmp_path))
+    assert code == 2 and "--scopes" in err
+    assert not (tmp_path / "keys").exists()
+
+
+def test_keys_revoke_by_id(tmp_path, capsys):
+    _, out, _ = run(capsys, "keys", "create", "--org", "acme", "--principal", "rama", "--scopes", "admin",
+                    "--json", "--data-dir", str(tmp_path))
+    key_id = json.loads(out)["key_id"]
+    code, out, _ = run(capsys, "keys", "revoke", key_id, "--data-dir", str(tmp_path))
+    assert code == 0 and json.loads(out)["revoked_at"]
+    code, _, err = run(capsys, "keys", "revoke", "key_" + "0" * 32, "--data-dir", str(tmp_path))
+    assert code == 2 and "no key" in err
+
+
+def _ndjson(path, n, bad_line=None):
+    with open(path, "w") as f:
+        for i in range(n):
+            body = {"subject_id": "user_rama", "kind": "user_statement", "content": f"fact {i}",
+                    "visibility": "organization", "source": {"type": "tool", "ref": f"bench#{i}"},
+                    "claim": {"statement": f"deploy fact number {i}", "kind": "semantic_fact", "confidence": 0.8}}
+            if i == bad_line:
+                body["claim"]["confidence"] = 7
+            f.write(json.dumps(body) + "\n")
+
+
+def _claim_count(tmp_path):
+    pointer = json.loads((tmp_path / "orgs" / "acme" / "snapshots" / "current.json").read_text())
+    return pointer["claim_count"]
+
+
+def test_import_batches_lines_and_is_safe_to_rerun(tmp_path, capsys):
+    src = tmp_path / "in.ndjson"
+    _ndjson(src, 23)
+    data = str(tmp_path / "store")
+    code, out, err = run(capsys, "import", str(src), "--org", "acme", "--batch-size", "10", "--data-dir", data)
+    assert code == 0 and json.loads(out)["batches_written"] == 3 and "imported 23/23" in err
+    code, out, _ = run(capsys, "import", str(src), "--org", "acme", "--batch-size", "10", "--data-dir", data)
+    assert json.loads(out) == {**json.loads(out), "batches_written": 0, "batches_skipped": 3}
+    code, out, _ = run(capsys, "rebuild", "--org", "acme", "--data-dir", data)
+    assert json.loads(out)["claim_count"] == 23
+
+
+def test_import_with_a_bad_line_names_it_and_writes_nothing(tmp_path, capsys):
+    src = tmp_path / "in.ndjson"
+    _ndjson(src, 5, bad_line=3)
+    code, _, err = run(capsys, "import", str(src), "--org", "acme", "--data-dir", str(tmp_path / "store"))
+    assert code == 2 and "in.ndjson:4" in err and "confidence" in err
+    assert not (tmp_path / "store" / "orgs").exists()
+
+
+def test_rebuild_from_scratch_reports_the_same_content_hash(tmp_path, capsys):
+    src = tmp_path / "in.ndjson"
+    _ndjson(src, 12)
+    data = str(tmp_path / "store")
+    run(capsys, "import", str(src), "--org", "acme", "--batch-size", "5", "--data-dir", data)
+    _, first, _ = run(capsys, "rebuild", "--data-dir", data)
+    _ndjson(src, 3)
+    run(capsys, "import", str(src), "--org", "acme", "--data-dir", data)
+    _, incremental, _ = run(capsys, "rebuild", "--data-dir", data)
+    _, scratch, _ = run(capsys, "rebuild", "--from-scratch", "--org", "acme", "--data-dir", data)
+    assert json.loads(incremental)["content_hash"] == json.loads(scratch)["content_hash"]
+    assert json.loads(scratch)["claim_count"] == 15
+
+
+def test_demo_prints_a_working_key_and_is_idempotent(tmp_path, capsys):
+    code, out, _ = run(capsys, "demo", "--data-dir", str(tmp_path))
+    assert code == 0 and "titen_sk_" in out
+    first = _demo_claims(tmp_path)
+    run(capsys, "demo", "--data-dir", str(tmp_path))
+    assert _demo_claims(tmp_path) == first > 5
+
+
+def _demo_claims(tmp_path):
+    return json.loads((tmp_path / "orgs" / "demo" / "snapshots" / "current.json").read_text())["claim_count"]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http(method, url, body=None, key=None):
+    req = urllib.request.Request(url, method=method, data=json.dumps(body).encode() if body else None,
+                                 headers={"content-type": "application/json",
+                                          **({"authorization": f"Bearer {key}"} if key else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_serve_makes_a_write_compile_visible_within_about_a_second(tmp_path, capsys):
+    _, out, _ = run(capsys, "keys", "create", "--org", "acme", "--principal", "rama", "--json",
+                    "--data-dir", str(tmp_path), "--scopes", "context:compile,memory:write")
+    key = json.loads(out)["api_key"]
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "core.cli", "serve", "--port", str(port),
+                               "--data-dir", str(tmp_path)], stderr=subprocess.PIPE, stdout=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                if _http("GET", base + "/healthz")[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
+        status, body = _http("POST", base + "/v1/observations", {
+            "subject_id": "user_rama", "kind": "tool_result", "content": "smoke ok", "visibility": "organization",
+            "source": {"type": "tool", "ref": "x"},
+            "claim": {"statement": "deploy smoke passes", "kind": "procedural", "confidence": 0.9}}, key)
+        assert status == 201
+        written = time.monotonic()
+        items = []
+        while time.monotonic() - written < 5 and not items:
+            status, body = _http("POST", base + "/v1/context/compile",
+                                 {"subject_id": "user_rama", "task": "deploy smoke", "max_tokens": 1200}, key)
+            items = body["data"]["items"]
+            time.sleep(0.05)
+        assert [i["claim"] for i in items] == ["deploy smoke passes"]
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

@@ -1,0 +1,232 @@
+"""The serving side of snapshots (core.snapshot.SnapshotReader), on every store
+backend (conftest ``store``: a local directory and S3 under moto).
+
+Acceptance: "A snapshot object whose bytes do not match its recorded sha256
+is refused and the previous generation keeps serving; /readyz says why."
+Also: the pointer is read at most once per TTL (counted, not slept), and the
+least recently used organization is evicted with its file deleted.
+"""
+
+import os
+
+import pytest
+
+import core.snapshot
+from conftest import ALL_SCOPES, Api
+from core.config import Settings
+from core.keys import Principal
+from core.rebuild import SnapshotBuilder, read_pointer
+from core.service import Service
+from core.snapshot import SnapshotReader
+from core.writes import Writes
+
+ORG = "acme"
+
+
+def observe(store, statement, org=ORG):
+    principal = Principal(org, "alice", "key_test", frozenset({"memory:write"}), ())
+    body = {"subject_id": "user_rama", "kind": "tool_result", "content": statement,
+            "source": {"type": "tool", "ref": "t#1"}, "visibility": "organization",
+            "claim": {"statement": statement, "kind": "semantic_fact", "confidence": 0.9}}
+    return Writes(store, reader=None).record_observation(principal, body)
+
+
+def publish(store, tmp_path, org=ORG):
+    result = SnapshotBuilder(store, org, work_dir=str(tmp_path / "build")).rebuild()
+    assert result.published
+    return result
+
+
+def corrupt_current_generation(store, tmp_path, org=ORG):
+    """Flip bytes of the published object, keeping the pointer (and its sha256)."""
+    pointer, _ = read_pointer(store, org)
+    local = tmp_path / "victim.sqlite"
+    store.download_file(pointer["snapshot_key"], str(local))
+    data = bytearray(local.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    store.delete(pointer["snapshot_key"])
+    store.put_if_absent(pointer["snapshot_key"], bytes(data))
+    return pointer
+
+
+def cache_files(cache_dir):
+    return sorted(os.listdir(cache_dir))
+
+
+class Clock:
+    """Stands in for the ``time`` module inside core.snapshot: monotonic() only."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self):
+        return self.now
+
+
+class CountingStore:
+    """Delegates to a real store, counting pointer reads and snapshot downloads."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.pointer_reads = 0
+        self.downloads = 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def get_if_changed(self, key, etag):
+        if key.endswith("/snapshots/current.json"):
+            self.pointer_reads += 1
+        return self.inner.get_if_changed(key, etag)
+
+    def download_file(self, key, path):
+        self.downloads += 1
+        return self.inner.download_file(key, path)
+
+
+# -- a generation that fails its sha256 ----------------------------------------------
+
+@pytest.fixture
+def refused(store, tmp_path):
+    """Generation 1 served; generation 2 published with bytes that do not match."""
+    observe(store, "Deploy smoke must pass before release.")
+    publish(store, tmp_path)
+    reader = SnapshotReader(store, str(tmp_path / "cache"), ttl_seconds=0)
+    assert reader.current(ORG).generation == 1
+    observe(store, "Canary must stay green for ten minutes.")
+    publish(store, tmp_path)
+    corrupt_current_generation(store, tmp_path)
+    return reader
+
+
+def test_a_generation_failing_its_sha256_is_refused_and_the_previous_keeps_serving(refused):
+    snapshot = refused.current(ORG)
+    assert snapshot.generation == 1
+    assert snapshot.db.execute("SELECT count(*) FROM claims").fetchone()[0] == 1
+    error = refused.status(ORG)["last_refresh_error"]
+    assert "generation 2" in error and "sha256" in error
+
+
+def test_a_refused_generation_leaves_no_file_in_the_cache(refused, tmp_path):
+    refused.current(ORG)
+    files = cache_files(tmp_path / "cache")
+    assert len(files) == 1 and files[0].startswith(f"{ORG}-000000000001-") and files[0].endswith(".sqlite")
+
+
+def test_a_later_good_generation_is_served_and_clears_the_error(refused, store, tmp_path):
+    refused.current(ORG)
+    observe(store, "Rollback needs a second approver.")
+    publish(store, tmp_path)  # the builder refuses to build on the damaged file: it replays
+    snapshot = refused.current(ORG)
+    assert snapshot.generation == 3
+    assert snapshot.db.execute("SELECT count(*) FROM claims").fetchone()[0] == 3
+    assert refused.status(ORG)["last_refresh_error"] is None
+
+
+def test_readyz_says_why_the_new_generation_was_refused(store, tmp_path):
+    settings = Settings.from_env(data_dir=str(tmp_path / "unused"),
+                                 env={"TITEN_SNAPSHOT_TTL": "0", "TITEN_CACHE_DIR": str(tmp_path / "cache")})
+    api = Api(Service(settings, store=store))
+    key = api.key(ORG, "alice", ALL_SCOPES)
+    api.observe(key, claim={"statement": "Deploy smoke must pass.", "kind": "procedural", "confidence": 0.9})
+    publish(store, tmp_path)
+    assert api.get("/readyz", key).json()["data"]["generation"] == 1
+    api.observe(key, content="Canary stayed green.")
+    publish(store, tmp_path)
+    corrupt_current_generation(store, tmp_path)
+    r = api.get("/readyz", key)
+    assert r.status_code == 200
+    data = r.json()["data"]
+    assert data["status"] == "ready" and data["generation"] == 1
+    assert "sha256" in data["last_refresh_error"] and "generation 2" in data["last_refresh_error"]
+    assert api.compile(key, "must the deploy smoke pass").json()["meta"]["generation"] == 1
+
+
+# -- TTL ------------------------------------------------------------------------------
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = Clock()
+    monkeypatch.setattr(core.snapshot, "time", fake)
+    return fake
+
+
+@pytest.fixture
+def counted(store, tmp_path, clock):
+    observe(store, "Deploy smoke must pass before release.")
+    publish(store, tmp_path)
+    counting = CountingStore(store)
+    reader = SnapshotReader(counting, str(tmp_path / "cache"), ttl_seconds=30)
+    assert reader.current(ORG).generation == 1
+    assert (counting.pointer_reads, counting.downloads) == (1, 1)
+    return reader, counting
+
+
+def test_the_pointer_is_not_read_again_before_the_ttl_passes(counted, clock):
+    reader, counting = counted
+    for _ in range(5):
+        clock.now += 5.9
+        assert reader.current(ORG).generation == 1
+    assert counting.pointer_reads == 1
+
+
+def test_an_unchanged_pointer_is_checked_after_the_ttl_and_downloads_nothing(counted, clock):
+    reader, counting = counted
+    clock.now += 30
+    assert reader.current(ORG).generation == 1
+    assert (counting.pointer_reads, counting.downloads) == (2, 1)
+
+
+def test_a_new_generation_is_served_at_the_first_check_after_the_ttl(counted, clock, store, tmp_path):
+    reader, counting = counted
+    observe(store, "Canary must stay green for ten minutes.")
+    publish(store, tmp_path)
+    clock.now += 29
+    assert reader.current(ORG).generation == 1
+    clock.now += 1
+    assert reader.current(ORG).generation == 2
+    assert (counting.pointer_reads, counting.downloads) == (2, 2)
+
+
+def test_the_replaced_generation_file_is_deleted_from_the_cache(counted, clock, store, tmp_path):
+    reader, _ = counted
+    old_path = reader.current(ORG).path
+    observe(store, "Canary must stay green for ten minutes.")
+    publish(store, tmp_path)
+    clock.now += 30
+    new = reader.current(ORG)
+    assert new.generation == 2 and os.path.exists(new.path)
+    assert not os.path.exists(old_path)
+    assert cache_files(tmp_path / "cache") == [os.path.basename(new.path)]
+
+
+# -- LRU -------------------------------------------------------------------------------
+
+@pytest.fixture
+def three_orgs(store, tmp_path):
+    for org in ("org-a", "org-b", "org-c"):
+        observe(store, f"{org} deploys on Tuesdays.", org=org)
+        publish(store, tmp_path, org=org)
+    return SnapshotReader(store, str(tmp_path / "cache"), ttl_seconds=0, max_organizations=2)
+
+
+def test_the_least_recently_used_organization_is_evicted_and_its_file_deleted(three_orgs):
+    reader = three_orgs
+    a = reader.current("org-a")
+    reader.current("org-b")
+    reader.current("org-a")  # a is now more recently used than b
+    reader.current("org-c")
+    assert reader.loaded() == ["org-a", "org-c"]
+    assert os.path.exists(a.path)
+    files = cache_files(reader.cache_dir)
+    assert len(files) == 2 and not any(f.startswith("org-b-") for f in files)
+
+
+def test_an_evicted_organization_is_loaded_again_on_its_next_request(three_orgs):
+    reader = three_orgs
+    for org in ("org-a", "org-b", "org-c"):
+        reader.current(org)
+    snapshot = reader.current("org-a")
+    assert snapshot.generation == 1 and os.path.exists(snapshot.path)
+    assert snapshot.db.execute("SELECT count(*) FROM claims").fetchone()[0] == 1
+    assert reader.loaded() == ["org-c", "org-a"]
