@@ -59,7 +59,6 @@ def child_env(cache_dir: str) -> dict:
     env.update(BASE_ENV)
     env["TITEN_CACHE_DIR"] = cache_dir
     env["PYTHONPATH"] = str(ROOT)
-    env["PYTHONDONTWRITEBYTECODE"] = "0"
     return env
 
 
@@ -88,23 +87,31 @@ def observation_lines(n: int, path: Path, subject_id: str) -> None:
 
 # -- child 1: imports ------------------------------------------------------------------
 
+# ``whole``: handler.api in one go (what Lambda's init does). ``split``: the
+# same imports one group at a time, to see where the time goes.
 IMPORT_PROBE = """
-import json, time
-t0 = time.perf_counter()
+import json, sys, time
+marks = [("start", time.perf_counter())]
+if sys.argv[1] == "split":
+    import boto3; marks.append(("boto3 + botocore", time.perf_counter()))
+    import apsw; marks.append(("apsw", time.perf_counter()))
+    import starlette.applications, starlette.routing; marks.append(("starlette", time.perf_counter()))
+    import mangum; marks.append(("mangum", time.perf_counter()))
+    import core.http, core.service; marks.append(("core", time.perf_counter()))
 import handler.api
-t1 = time.perf_counter()
-print(json.dumps({"import_handler_api_ms": (t1 - t0) * 1000}))
+marks.append(("handler.api (Service, S3 client, app)", time.perf_counter()))
+print(json.dumps({name: (t - marks[i][1]) * 1000 for i, (name, t) in enumerate(marks[1:])}))
 """
 
 
-def measure_imports(runs: int) -> list[float]:
-    times = []
+def measure_imports(runs: int, mode: str) -> list[dict]:
+    results = []
     for _ in range(runs):
         with tempfile.TemporaryDirectory() as cache:
-            out = subprocess.run([sys.executable, "-c", IMPORT_PROBE], env=child_env(cache), cwd=ROOT,
+            out = subprocess.run([sys.executable, "-c", IMPORT_PROBE, mode], env=child_env(cache), cwd=ROOT,
                                  check=True, capture_output=True, text=True).stdout
-        times.append(json.loads(out.strip().splitlines()[-1])["import_handler_api_ms"])
-    return times
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
 
 
 # -- child 2: the first invocation -------------------------------------------------------
@@ -221,7 +228,9 @@ def main(argv=None) -> int:
         print(json.dumps(first_invocation(args)))
         return 0
 
-    imports = measure_imports(args.runs)
+    imports = [sum(r.values()) for r in measure_imports(args.runs, "whole")]
+    split_runs = measure_imports(args.runs, "split")
+    split = {name: statistics.median(r[name] for r in split_runs) for name in split_runs[0]}
     print(f"imports measured ({args.runs} fresh interpreters); building {args.claims:,} claims in moto ...",
           file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory() as cache:
@@ -254,7 +263,7 @@ def main(argv=None) -> int:
              f"{platform.machine()}, {os.cpu_count()} CPUs",
              "",
              f"| {'phase':<78} | {'ms (moto)':>10} | {'ms (S3 est.)':>12} |",
-             f"|{'-' * 80}|{'-' * 12}:|{'-' * 14}:|"]
+             f"|{'-' * 80}|{'-' * 11}:|{'-' * 13}:|"]
     for name, measured, estimate in rows:
         lines.append(f"| {name:<78} | {measured:>10.1f} | {estimate:>12.1f} |")
     lines.append(f"| {'total: import to first answered compile':<78} | {total:>10.1f} | {total_estimate:>12.1f} |")
@@ -264,13 +273,14 @@ def main(argv=None) -> int:
               f"first compile: {child['items']} items from {child['candidates']} candidates, generation "
               f"{child['generation']}; warm compile (same environment) median "
               f"{child['warm_invocation_ms_median']:.1f} ms",
-              f"imports per run (ms): {', '.join(f'{x:.0f}' for x in imports)}",
+              f"imports per run (ms): {', '.join(f'{x:.0f}' for x in imports)}; split (median ms): "
+              + ", ".join(f"{name} {ms:.0f}" for name, ms in split.items()),
               f"setup (not part of the cold path): import {child['import_seconds']} s "
               f"({child['ledger_batches']} batch entries), rebuild {child['rebuild_seconds']} s"]
     print("\n".join(lines))
     result = {"claims": args.claims, "snapshot_bytes": child["snapshot_bytes"],
               "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-              "imports_ms": imports, "imports_ms_median": import_ms,
+              "imports_ms": imports, "imports_ms_median": import_ms, "imports_split_ms_median": split,
               "phases_ms": {name: round(m, 2) for name, m, _ in rows},
               "phases_ms_s3_estimate": {name: round(e, 2) for name, _, e in rows},
               "total_ms": round(total, 2), "total_ms_s3_estimate": round(total_estimate, 2),

@@ -20,12 +20,11 @@ from core.ids import entry_hex, parse_id
 from core.instants import canonical, now_utc
 from core.keys import Principal
 from core.ledger import Ledger
-from core.packing import BudgetTooSmall, assemble, dumps, pack
+from core.packing import BudgetTooSmall, assemble, dumps, pack, payload_tokens
 from core.planning import MAX_TASK_CHARS, plan_query
 from core.ranking import RankInput, rank
 from core.retrieval import COL, CompileScope, disputed_for, hydrate, lexical_candidates, readable_evidence
 from core.snapshot import SnapshotReader
-from core.tokens import estimate_tokens
 from core.validation import Fields
 
 
@@ -117,11 +116,11 @@ class Compiler:
                 f"max_tokens {req.max_tokens} cannot hold even the empty response envelope (which echoes "
                 f"the task); the smallest budget that would is {exc.needed}") from None
         data = assemble(envelope, result)
-        while estimate_tokens(dumps(data)) > req.max_tokens and result.items:
+        while payload_tokens(dumps(data)) > req.max_tokens and result.items:
             # The estimate is subadditive, so this never runs in practice; it
             # keeps the budget promise even if a boundary merge ever costs more.
             dropped = result.items.pop()
-            result.used_tokens -= estimate_tokens(dumps(dropped))
+            result.used_tokens -= payload_tokens(dumps(dropped))
             result.conflicts = [c for c in result.conflicts if c["claim_id"] != dropped["claim_id"]]
             data = assemble(envelope, result)
         lap("pack")

@@ -14,9 +14,41 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from core.domain import INSTRUCTIONS, POLICY_SNAPSHOT
 from core.tokens import estimate_tokens
 
 MAX_PER_KIND = 3
+
+# The response's fixed fragments and their real cl100k_base token counts
+# (checked against the tokenizer in tests/test_payload_estimate.py). The
+# generic estimate overprices JSON keys by about a third; for text we wrote
+# ourselves the price is known, so each occurrence is charged its real count
+# plus one token of slack for the seams on either side.
+KNOWN_FRAGMENTS = {
+    f'"policy_snapshot":"{POLICY_SNAPSHOT}"': 14,
+    f'"instructions":"{INSTRUCTIONS}"': 22,
+    '"budget":{"max_tokens":': 6,
+    '"scope":{"subject_id":': 6,
+    '"query":{"task":': 5,
+    '"score_components":{"relevance":': 7,
+    '"evidence_ids":["obs_': 7,
+}
+_DISCOUNTS = tuple((f, estimate_tokens(f) - real - 1) for f, real in KNOWN_FRAGMENTS.items()
+                   if estimate_tokens(f) - real - 1 > 0)
+
+
+# Alternating hex letters and digits is the costliest a 32-hex id can be
+# estimated (checked in tests/test_payload_estimate.py).
+WORST_CONTEXT_ID = "ctx_" + "a0" * 16
+
+
+def payload_tokens(text: str) -> int:
+    """The estimate used for everything packed: the conservative generic
+    estimate, with our own fixed fragments charged at their known price."""
+    tokens = estimate_tokens(text)
+    for fragment, discount in _DISCOUNTS:
+        tokens -= text.count(fragment) * discount
+    return tokens
 
 
 def dumps(value) -> str:
@@ -44,7 +76,7 @@ def envelope_cost(envelope: dict, max_tokens: int) -> int:
     widest for this ``max_tokens``."""
     probe = dict(envelope, items=[], conflicts=[])
     probe["budget"] = dict(envelope["budget"], max_tokens=max_tokens, used_tokens=max_tokens)
-    return estimate_tokens(dumps(probe))
+    return payload_tokens(dumps(probe))
 
 
 def pack(ranked: list[tuple[dict, dict | None]], envelope: dict, max_tokens: int) -> PackResult:
@@ -52,8 +84,11 @@ def pack(ranked: list[tuple[dict, dict | None]], envelope: dict, max_tokens: int
     ``data`` object without items/conflicts, its ``budget`` filled in."""
     envelope_tokens = envelope_cost(envelope, max_tokens)
     if envelope_tokens > max_tokens:
-        needed = envelope_tokens
-        while envelope_cost(envelope, needed) > needed:
+        # The figure named must work on a retry, which gets a new context id:
+        # price the id at the costliest a 32-hex id can be estimated.
+        worst = dict(envelope, context_id=WORST_CONTEXT_ID)
+        needed = envelope_cost(worst, max_tokens)
+        while envelope_cost(worst, needed) > needed:
             needed += 1
         raise BudgetTooSmall(needed)
     remaining = max_tokens - envelope_tokens
@@ -64,8 +99,8 @@ def pack(ranked: list[tuple[dict, dict | None]], envelope: dict, max_tokens: int
         if per_kind.get(item["kind"], 0) >= MAX_PER_KIND:
             skipped.append((item["claim_id"], "kind_full"))
             continue
-        item_tokens = estimate_tokens(dumps(item))
-        cost = item_tokens + 1 + (estimate_tokens(dumps(conflict)) + 1 if conflict else 0)
+        item_tokens = payload_tokens(dumps(item))
+        cost = item_tokens + 1 + (payload_tokens(dumps(conflict)) + 1 if conflict else 0)
         if cost > remaining:
             skipped.append((item["claim_id"], "no_fit"))
             continue

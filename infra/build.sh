@@ -57,7 +57,7 @@ fi
 rm -rf "$OUT/app"
 mkdir -p "$OUT/app"
 for package in core handler; do
-  (cd . && find "$package" -name '__pycache__' -prune -o -type f \( -name '*.py' -o -name '*.ndjson' \) -print) |
+  find "$package" -name "__pycache__" -prune -o -type f \( -name "*.py" -o -name "*.ndjson" \) -print |
     while read -r file; do
       mkdir -p "$OUT/app/$(dirname "$file")"
       cp "$file" "$OUT/app/$file"

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from core.domain import CLAIM_KINDS, INSTRUCTIONS, POLICY_SNAPSHOT
 from core.packing import MAX_PER_KIND, BudgetTooSmall, assemble, dumps, envelope_cost, pack
-from core.tokens import estimate_tokens
+from core.packing import payload_tokens as estimate_tokens
 
 TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=1, max_size=400)
 

@@ -172,9 +172,8 @@ def test_from_url_parses_bucket_and_prefix():
         S3Store.from_url("file:///tmp/x", client=client)
 
 
-def test_keys_live_under_the_prefix_and_come_back_without_it(store, request):
-    if not isinstance(store, S3Store):
-        pytest.skip("S3 only")
+@pytest.mark.parametrize("store", ["s3"], indirect=True)
+def test_keys_live_under_the_prefix_and_come_back_without_it(store):
     store.put_if_absent("a/1", b"1")
     store.put_if_absent("a/2", b"2")
     raw = boto3.client("s3", region_name="us-east-1")
