@@ -19,7 +19,7 @@ from core.errors import NotFound, ValidationError
 from core.ids import entry_hex, parse_id
 from core.instants import canonical, now_utc
 from core.keys import Principal
-from core.ledger import Ledger
+from core.ledger import RUN_SUFFIX, Ledger
 from core.packing import BudgetTooSmall, assemble, dumps, pack, payload_tokens
 from core.planning import MAX_TASK_CHARS, plan_query
 from core.ranking import RankInput, rank
@@ -139,7 +139,7 @@ class Compiler:
             "budget": data["budget"], "degraded": degraded, "candidates": len(rows),
             "items": [{"claim_id": i["claim_id"], "score": i["score"],
                        "score_components": i["score_components"]} for i in data["items"]],
-            "pack": stored}, actor=principal.principal_id, entry_hex=context_hex)
+            "pack": stored}, actor=principal.principal_id, entry_hex=context_hex, suffix=RUN_SUFFIX)
         lap("record")
         return CompileOutcome(data, meta, timings)
 
@@ -167,7 +167,7 @@ class Compiler:
     def context_run(self, principal: Principal, context_id: str) -> dict:
         """The stored run, for its own principal only; anything else is 404."""
         hex_ = parse_id(context_id, "ctx")
-        entry = self.ledger.read(principal.org_id, hex_) if hex_ else None
+        entry = self.ledger.read(principal.org_id, hex_, RUN_SUFFIX) if hex_ else None
         if (entry is None or entry.get("type") != "context_run" or entry.get("actor") != principal.principal_id
                 or entry.get("context_id") != context_id):
             raise NotFound(f"context {context_id} not found")

@@ -8,6 +8,7 @@
 | TITEN_SKEW_SECONDS | 600 | how far behind its watermark a rebuild re-reads the ledger |
 | TITEN_MAX_ORGS | 16 | snapshots held at once (least recently used evicted) |
 | TITEN_EMBEDDER | unset | vector capability; unset means disabled |
+| TITEN_REBUILD_FUNCTION | unset | on Lambda: the rebuild function POST /v1/admin/rebuild invokes |
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Settings:
     skew_seconds: int
     max_orgs: int
     embedder: str | None
+    rebuild_function: str | None = None
 
     @classmethod
     def from_env(cls, *, data_dir: str | None = None, store_url: str | None = None,
@@ -43,4 +45,5 @@ class Settings:
                    snapshot_ttl=float(env.get("TITEN_SNAPSHOT_TTL") or 5),
                    skew_seconds=int(env.get("TITEN_SKEW_SECONDS") or 600),
                    max_orgs=int(env.get("TITEN_MAX_ORGS") or 16),
-                   embedder=env.get("TITEN_EMBEDDER") or None)
+                   embedder=env.get("TITEN_EMBEDDER") or None,
+                   rebuild_function=env.get("TITEN_REBUILD_FUNCTION") or None)

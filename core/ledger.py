@@ -25,8 +25,14 @@ def ledger_prefix(org_id: str) -> str:
     return f"orgs/{org_id}/ledger/"
 
 
-def entry_key(org_id: str, entry_hex: str) -> str:
-    return f"{ledger_prefix(org_id)}{entry_hex}.json"
+RUN_SUFFIX = ".run.json"
+
+
+def entry_key(org_id: str, entry_hex: str, suffix: str = ".json") -> str:
+    """Context runs take ``RUN_SUFFIX``: still ledger entries in key order,
+    but the rebuild can pass them over by name, since no snapshot needs them
+    — so an organization that only compiles is never republished."""
+    return f"{ledger_prefix(org_id)}{entry_hex}{suffix}"
 
 
 def encode(entry: dict) -> bytes:
@@ -38,17 +44,17 @@ class Ledger:
         self.store = store
 
     def append(self, org_id: str, entry_type: str, payload: dict, *, actor: str,
-               entry_hex: str | None = None) -> dict:
+               entry_hex: str | None = None, suffix: str = ".json") -> dict:
         """Durably store one entry; returns it (with ``entry_id``, ``recorded_at``)."""
         entry_hex = entry_hex or new_entry_hex()
         entry = {"entry_id": entry_hex, "type": entry_type, "org_id": org_id, "actor": actor,
                  "recorded_at": canonical(from_ms(int(entry_hex[:12], 16))), **payload}
-        self.store.put_if_absent(entry_key(org_id, entry_hex), encode(entry))
+        self.store.put_if_absent(entry_key(org_id, entry_hex, suffix), encode(entry))
         return entry
 
-    def read(self, org_id: str, entry_hex: str) -> dict | None:
+    def read(self, org_id: str, entry_hex: str, suffix: str = ".json") -> dict | None:
         try:
-            return json.loads(self.store.get(entry_key(org_id, entry_hex)).body)
+            return json.loads(self.store.get(entry_key(org_id, entry_hex, suffix)).body)
         except ObjectNotFound:
             return None
 

@@ -34,7 +34,7 @@ import apsw
 from core.domain import POSITIVE_OUTCOMES, TRUST_LEVELS
 from core.ids import uuid7_floor_hex, uuid7_ms
 from core.instants import canonical, now_utc, parse_instant
-from core.ledger import Ledger, ledger_prefix
+from core.ledger import RUN_SUFFIX, Ledger, ledger_prefix
 from core.snapshot_schema import CANONICAL_QUERIES, DDL, SCHEMA_VERSION
 from core.store import ObjectNotFound, PreconditionFailed, Store
 
@@ -176,7 +176,8 @@ class SnapshotBuilder:
             floor = uuid7_floor_hex(uuid7_ms(watermark) - self.skew_ms)
             start_after = ledger_prefix(self.org_id) + floor
         keys = [k for k in self.ledger.keys_after(self.org_id, start_after)
-                if not db.execute("SELECT 1 FROM applied WHERE entry_key=?", (k,)).fetchone()]
+                if not k.endswith(RUN_SUFFIX)
+                and not db.execute("SELECT 1 FROM applied WHERE entry_key=?", (k,)).fetchone()]
         if not keys:
             return 0
         self.progress(f"{self.org_id}: applying {len(keys)} ledger entries")

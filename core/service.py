@@ -8,12 +8,13 @@ moment later, so a write is compile-visible within about a second.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 
 from core.compile import Compiler
 from core.config import Settings
-from core.errors import Conflict
+from core.errors import Conflict, Unavailable
 from core.feedback import FeedbackDesk
 from core.keys import KeyRing
 from core.ledger import Ledger
@@ -49,6 +50,8 @@ class Service:
     def rebuild(self, org_id: str, *, from_scratch: bool = False, force: bool = False,
                 progress=None) -> RebuildResult:
         """Rebuild one organization and serve the result before returning."""
+        if self.settings.rebuild_function:
+            return self._rebuild_remotely(org_id, from_scratch)
         with self._guard:
             lock = self._rebuild_locks.setdefault(org_id, threading.Lock())
         with lock:
@@ -61,6 +64,30 @@ class Service:
                         raise Conflict("another rebuild of this organization published first; retry") from None
             self.reader.refresh(org_id, force=True)
             return result
+
+    def _rebuild_remotely(self, org_id: str, from_scratch: bool) -> RebuildResult:
+        """On Lambda the API may not write snapshots (least privilege): it asks
+        the rebuild function, whose reserved concurrency of 1 serializes it."""
+        import boto3
+
+        client = boto3.client("lambda")
+        try:
+            response = client.invoke(FunctionName=self.settings.rebuild_function,
+                                     Payload=json.dumps({"org_id": org_id, "from_scratch": from_scratch}).encode())
+        except client.exceptions.TooManyRequestsException:
+            raise Conflict("a rebuild is already running; retry shortly") from None
+        summary = json.loads(response["Payload"].read() or b"{}")
+        if response.get("FunctionError") or not summary.get("results"):
+            raise Unavailable("the rebuild function failed; see its logs")
+        line = summary["results"][0]
+        if line.get("status") == "conflict":
+            raise Conflict("another rebuild of this organization published first; retry")
+        if line.get("status") not in ("published", "unchanged"):
+            raise Unavailable(f"the rebuild did not complete ({line.get('status')}); see its logs")
+        self.reader.refresh(org_id, force=True)
+        return RebuildResult(org_id, line["generation"], line["published"], line.get("entries_applied", 0),
+                             line.get("content_hash", ""), line.get("claim_count", 0), line.get("bytes", 0),
+                             line.get("seconds", 0.0), line.get("snapshot_key"))
 
     def _schedule_rebuild(self, org_id: str) -> None:
         with self._guard:

@@ -49,6 +49,7 @@ class _OrgState:
     etag: str | None = None
     checked_at: float = float("-inf")
     last_error: str | None = None
+    refused_etag: str | None = None  # a pointer whose generation failed verification
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -105,13 +106,16 @@ class SnapshotReader:
             except Exception as exc:  # the store is unreachable: keep serving
                 state.last_error = f"reading the snapshot pointer failed: {type(exc).__name__}"
                 return state.snapshot
-            if obj is None:
+            if obj is None or obj.etag == state.refused_etag:
                 return state.snapshot
             try:
                 snapshot = self._load(org_id, json.loads(obj.body))
+            except SnapshotRejected as exc:
+                # the same bad generation is not fetched again; a new pointer is
+                state.last_error, state.refused_etag = str(exc), obj.etag
+                return state.snapshot
             except Exception as exc:
-                state.last_error = str(exc) if isinstance(exc, SnapshotRejected) else (
-                    f"loading the new generation failed: {type(exc).__name__}")
+                state.last_error = f"loading the new generation failed: {type(exc).__name__}"
                 return state.snapshot
             old, state.snapshot, state.etag, state.last_error = state.snapshot, snapshot, obj.etag, None
             if old is not None and old.path != snapshot.path:

@@ -122,7 +122,7 @@ def test_the_run_is_recorded_before_answering_with_the_task_hash_not_the_task(ap
     task = "deploy smoke secret-task-words"
     data = api.compile(twins["key"], task).json()["data"]
     hex_ = data["context_id"][4:]
-    entry = json.loads(api.service.store.get(f"orgs/acme/ledger/{hex_}.json").body)
+    entry = json.loads(api.service.store.get(f"orgs/acme/ledger/{hex_}.run.json").body)
     assert entry["type"] == "context_run"
     assert entry["task_sha256"] == hashlib.sha256(task.encode()).hexdigest()
     assert "secret-task-words" not in json.dumps(entry)
@@ -226,3 +226,10 @@ def test_a_write_is_compile_visible_from_the_next_generation(api):
     generation = api.rebuild(key)["generation"]
     r = api.compile(key, "deploy smoke").json()
     assert len(r["data"]["items"]) == 1 and r["meta"]["generation"] == generation
+
+
+def test_compiling_alone_never_causes_a_new_generation(api, twins):
+    for _ in range(3):
+        api.compile(twins["key"], "deploy smoke")
+    result = api.rebuild(twins["key"])
+    assert result["published"] is False and result["entries_applied"] == 0

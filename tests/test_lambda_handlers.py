@@ -304,3 +304,36 @@ def test_organizations_are_deferred_when_the_invocation_runs_short_of_time(lam):
     assert summary["deferred"] == ["demo"] and summary["published"] == []
     assert read_pointer(lam.store, "demo")[0] is None
     assert Ledger(lam.store).organizations() == ["demo"]
+
+
+def test_admin_rebuild_on_lambda_invokes_the_rebuild_function(tmp_path, monkeypatch):
+    """With TITEN_REBUILD_FUNCTION set, the API asks the rebuild function
+    (whose role may write snapshots) instead of building in-process."""
+    import io
+
+    import boto3
+    from botocore.stub import Stubber
+
+    from core.config import Settings
+    from core.service import Service
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    lam = boto3.client("lambda", region_name="us-east-1")
+    stub = Stubber(lam)
+    line = {"org_id": "acme", "status": "published", "published": True, "generation": 4, "entries_applied": 2,
+            "claim_count": 9, "content_hash": "ab" * 32, "snapshot_key": "orgs/acme/snapshots/x", "seconds": 0.4,
+            "bytes": 1024}
+    stub.add_response("invoke", {"StatusCode": 200, "Payload": io.BytesIO(json.dumps({"results": [line]}).encode())},
+                      {"FunctionName": "titen-rebuild", "Payload": json.dumps({"org_id": "acme", "from_scratch": False}).encode()})
+    stub.add_client_error("invoke", "TooManyRequestsException", http_status_code=429)
+    monkeypatch.setattr(boto3, "client", lambda name, **kw: lam)
+    settings = Settings.from_env(data_dir=str(tmp_path), env={"TITEN_REBUILD_FUNCTION": "titen-rebuild"})
+    service = Service(settings)
+    with stub:
+        result = service.rebuild("acme")
+        assert (result.generation, result.published, result.claim_count) == (4, True, 9)
+        from core.errors import Conflict
+        with pytest.raises(Conflict):
+            service.rebuild("acme")

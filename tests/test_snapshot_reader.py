@@ -232,8 +232,6 @@ def test_an_evicted_organization_is_loaded_again_on_its_next_request(three_orgs)
     assert reader.loaded() == ["org-c", "org-a"]
 
 
-@pytest.mark.xfail(strict=True, reason="core.snapshot re-downloads a refused generation at every TTL check; "
-                                       "fixed by remembering the refused pointer ETag (proposed core change)")
 def test_a_refused_generation_is_not_downloaded_again(store, tmp_path, clock):
     observe(store, "Deploy smoke must pass before release.")
     publish(store, tmp_path)

@@ -144,6 +144,8 @@ def _resolve(value) -> str:
     if isinstance(value, str):
         return value
     if "Fn::GetAtt" in value:
+        if list(value["Fn::GetAtt"]) == ["RebuildFunction", "Arn"]:
+            return "arn:aws:lambda:us-east-1:123456789012:function:titen-rebuild"
         assert list(value["Fn::GetAtt"]) == ["DataBucket", "Arn"], value
         return BUCKET_ARN
     if "Fn::Sub" in value:
@@ -311,3 +313,11 @@ def test_rebuild_role_cannot_read_keys_or_write_the_ledger(template):
     assert not allowed(template, "RebuildFunction", "s3:DeleteObject", entry_key("acme", "0" * 32))
     assert allowed(template, "RebuildFunction", "s3:PutObject", pointer_key("acme"))
 
+
+
+def test_the_api_may_invoke_only_the_rebuild_function(template):
+    lambda_statements = [(a, r) for a, r in _statements(template, "ApiFunction") if any("lambda" in x for x in a)]
+    assert lambda_statements == [(["lambda:invokefunction"],
+                                  ["arn:aws:lambda:us-east-1:123456789012:function:titen-rebuild"])]
+    env = function(template, "ApiFunction")["Environment"]["Variables"]
+    assert env["TITEN_REBUILD_FUNCTION"] == {"Ref": "RebuildFunction"}
