@@ -31,7 +31,8 @@ lines of any larger one.
 ``titen import`` (``core.importer.import_file``) into a local store and
 publishes a snapshot (``core.rebuild.SnapshotBuilder``); the built store is
 kept under ``bench/.data/n<n>/`` and reused on later runs (its snapshot rebuilt
-from scratch when the snapshot code has changed).
+from scratch when the snapshot code, ``core/rebuild.py`` and what it imports,
+has changed).
 """
 
 from __future__ import annotations
@@ -189,21 +190,33 @@ def _log(message: str) -> None:
 
 
 def snapshot_code_fingerprint() -> str:
-    """A hash of the code that decides a snapshot's layout and contents.
+    """A hash of the code that decides a snapshot's layout and contents:
+    ``core/rebuild.py`` and every ``core`` module it imports, transitively.
 
     A built store is reused only while this matches: the snapshot schema can
     change without ``SCHEMA_VERSION`` changing, and an old file then fails
-    every compile (``no such column``), so any edit to these two files means
-    a from-scratch rebuild of the cached store (its ledger, the import, is
-    kept)."""
+    every compile (``no such column``); so any edit to that code means a
+    from-scratch rebuild of the cached store's snapshot (its ledger, the
+    import, is kept)."""
+    import ast
     import hashlib
 
-    import core.rebuild
-    import core.snapshot_schema
+    core_dir = ROOT / "core"
+    seen: set[str] = set()
+    todo = ["rebuild"]
+    while todo:
+        name = todo.pop()
+        if name in seen or not (core_dir / f"{name}.py").exists():
+            continue
+        seen.add(name)
+        for node in ast.walk(ast.parse((core_dir / f"{name}.py").read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("core."):
+                todo.append(node.module.split(".")[1])
+            elif isinstance(node, ast.Import):
+                todo.extend(a.name.split(".")[1] for a in node.names if a.name.startswith("core."))
     h = hashlib.sha256()
-    for module in (core.snapshot_schema, core.rebuild):
-        with open(module.__file__, "rb") as f:
-            h.update(f.read())
+    for name in sorted(seen):
+        h.update(name.encode() + b"\0" + (core_dir / f"{name}.py").read_bytes())
     return h.hexdigest()[:16]
 
 

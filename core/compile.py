@@ -82,7 +82,7 @@ class Compiler:
         lap("plan")
         snapshot = self.reader.current(principal.org_id)
         # 2. candidates
-        matches = lexical_candidates(snapshot, scope, plan.match) if snapshot and plan.match else []
+        matches = lexical_candidates(snapshot, scope, plan) if snapshot and plan.match else []
         lap("candidates")
         # 3. hydrate
         rows = hydrate(snapshot, scope, [rowid for rowid, _ in matches]) if matches else []

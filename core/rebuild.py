@@ -34,6 +34,7 @@ import apsw
 from core.domain import POSITIVE_OUTCOMES, TRUST_LEVELS
 from core.ids import uuid7_floor_hex, uuid7_ms
 from core.instants import canonical, now_utc, parse_instant
+from core.lexical import build_lexical_index
 from core.ledger import RUN_SUFFIX, Ledger, ledger_prefix
 from core.snapshot_schema import CANONICAL_QUERIES, DDL, SCHEMA_VERSION
 from core.store import ObjectNotFound, PreconditionFailed, Store
@@ -123,6 +124,11 @@ class SnapshotBuilder:
                                          pointer["bytes"], time.monotonic() - started,
                                          pointer["snapshot_key"])
                 generation = (pointer["generation"] if pointer else 0) + 1
+                self.progress(f"{self.org_id}: building the postings of the candidate index")
+                with db:
+                    # after the last change to claims_fts: every insert or
+                    # delete moves N, the mean length and df, so all scores
+                    build_lexical_index(db)
                 self.progress(f"{self.org_id}: hashing content")
                 digest = content_hash(db)
                 claim_count = db.execute("SELECT count(*) FROM claims").fetchone()[0]

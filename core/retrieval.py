@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass
 
 from core.keys import Principal
+from core.lexical import top_candidates
+from core.planning import QueryPlan
 from core.scope import can_read, visibility_sql
 from core.snapshot import Snapshot
 
@@ -46,12 +48,22 @@ class CompileScope:
         return " AND ".join(clauses), params
 
 
-def lexical_candidates(snapshot: Snapshot, scope: CompileScope, match: str) -> list[tuple[int, float]]:
-    """Step 2: (rowid, bm25) of the best in-scope FTS5 matches, best first."""
+def lexical_candidates(snapshot: Snapshot, scope: CompileScope, plan: QueryPlan) -> list[tuple[int, float]]:
+    """Step 2: (rowid, bm25) of the best in-scope FTS5 matches, best first.
+
+    The precomputed postings (``core.lexical``) answer exactly what the FTS5
+    query would — same rows, bit-identical bm25, same order — without scoring
+    every match; when they cannot guarantee that, the FTS5 query runs."""
     where, params = scope.where()
+    fast = top_candidates(snapshot.db, scope.subject_id, where, params, plan.terms, MAX_CANDIDATES)
+    return fast if fast is not None else fts_candidates(snapshot.db, where, params, plan.match)
+
+
+def fts_candidates(db, where: str, params: list, match: str, k: int = MAX_CANDIDATES) -> list[tuple[int, float]]:
+    """The reference candidate query: FTS5 MATCH inside the scope, by bm25."""
     sql = (f"SELECT c.rowid, bm25(claims_fts) AS b FROM claims_fts JOIN claims c ON c.rowid = claims_fts.rowid"
-           f" WHERE claims_fts MATCH ? AND {where} ORDER BY b, c.claim_id LIMIT {MAX_CANDIDATES}")
-    return list(snapshot.db.execute(sql, [match, *params]))
+           f" WHERE claims_fts MATCH ? AND {where} ORDER BY b, c.claim_id LIMIT {k}")
+    return list(db.execute(sql, [match, *params]))
 
 
 def hydrate(snapshot: Snapshot, scope: CompileScope, rowids: list[int]) -> list[tuple]:

@@ -1,0 +1,418 @@
+"""Exact top-k BM25 candidates without FTS5's bm25() over every match.
+
+The compile candidate query is ``claims_fts MATCH '"t1" OR "t2" ...'`` joined
+to ``claims`` under the scope predicates, ``ORDER BY bm25(claims_fts),
+claim_id LIMIT k``. FTS5 computes bm25() for *every* matching row, and on a
+Zipf vocabulary a frequent term matches most of the index, so the query costs
+O(all postings of all terms). This module answers the same question exactly
+(same rowids, bit-identical bm25 values, same order) from auxiliary tables
+written at snapshot build time, with MaxScore pruning.
+
+Build side (``build_lexical_index``), run on the work database after the last
+change to ``claims_fts``:
+
+- ``lex_stats``: the FTS5 statistics bm25() uses — N (rows in the index) and
+  the total token count, read from the FTS5 averages record itself — and the
+  raw averages record, so a reader can check the tables still describe the
+  index it sits next to.
+- ``lex_postings(subject_id, term, n, ub, rowids, contribs)``: for every
+  subject and every indexed token, the rowids of that subject's indexed
+  claims containing the token (ascending, packed int32/int64) and, parallel to
+  them, each posting's exact bm25 contribution (packed float64), computed
+  with FTS5's formula and operation order::
+
+      idf = log((N - df + 0.5) / (df + 0.5)), 1e-6 if <= 0   (df over the whole index)
+      c   = idf * ((tf * (k1 + 1.0)) / (tf + k1 * (1 - b + b * D / avgdl)))
+
+  with k1 = 1.2, b = 0.75, D the row's token count, avgdl = total / N. ``ub``
+  is the largest contribution in the list. Postings come from FTS5 itself
+  (an ``fts5vocab`` instance table), so tokenization is FTS5's by
+  construction; row sizes come from ``claims_fts_docsize``.
+
+Query side (``top_candidates``): the phrases' tokens (same tokenizer, via
+``Connection.fts5_tokenizer``) → their lists for the scope's subject →
+MaxScore: lists in decreasing ``ub``; whole lists are accumulated (term at a
+time) until the k-th best in-scope partial score exceeds the sum of the
+remaining lists' upper bounds; then only the surviving candidates are
+completed with point lookups in the remaining lists, pruned after each list.
+Scope (org, project, status, validity, visibility) is checked per candidate
+by the caller's own predicate SQL, on the few rows that decide the cut-off.
+The finalists' scores are recomputed in phrase order — exactly FTS5's float
+sum — and sorted by (bm25, claim_id). Whenever an exact answer cannot be
+guaranteed (tables missing or stale, a term that is not exactly one token)
+``top_candidates`` returns None and the caller runs the FTS5 query
+(``core.retrieval.fts_candidates``), which stays the reference.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import weakref
+from array import array
+from bisect import bisect_left
+from collections import defaultdict
+
+import apsw
+
+LEX_VERSION = 1
+K1 = 1.2
+B = 0.75
+FTS_TOKENIZER_ARGS = ("porter", ["unicode61", "remove_diacritics", "2"])
+
+LEX_DDL = """
+CREATE TABLE lex_stats(
+  id INTEGER PRIMARY KEY CHECK (id = 1),
+  version INTEGER NOT NULL,
+  n_rows INTEGER NOT NULL,
+  n_tokens INTEGER NOT NULL,
+  averages BLOB NOT NULL,
+  rowid_type TEXT NOT NULL,
+  byteorder TEXT NOT NULL
+);
+CREATE TABLE lex_postings(
+  subject_id TEXT NOT NULL,
+  term TEXT NOT NULL,
+  n INTEGER NOT NULL,
+  ub REAL NOT NULL,
+  rowids BLOB NOT NULL,
+  contribs BLOB NOT NULL,
+  PRIMARY KEY(subject_id, term)
+) WITHOUT ROWID;
+"""
+
+_AVERAGES_SQL = "SELECT block FROM claims_fts_data WHERE id = 1"
+
+
+# -- shared ------------------------------------------------------------------
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    """SQLite/FTS5 varint at buf[i:] → (value, next offset)."""
+    v = 0
+    for _ in range(8):
+        c = buf[i]
+        i += 1
+        v = (v << 7) | (c & 0x7F)
+        if not c & 0x80:
+            return v, i
+    return (v << 8) | buf[i], i + 1
+
+
+def _averages(db: apsw.Connection) -> tuple[bytes, int, int]:
+    row = db.execute(_AVERAGES_SQL).fetchone()
+    blob = bytes(row[0]) if row is not None else b""
+    if not blob:  # a new, empty index
+        return blob, 0, 0
+    n_rows, i = _varint(blob, 0)
+    n_tokens, _ = _varint(blob, i)  # one column: statement
+    return blob, n_rows, n_tokens
+
+
+def idf_for(n_rows: int, df: int) -> float:
+    idf = math.log((n_rows - df + 0.5) / (df + 0.5))
+    return idf if idf > 0.0 else 1e-6
+
+
+def contribution(idf: float, tf: float, doclen: float, avgdl: float) -> float:
+    """One phrase's term of FTS5's bm25 sum, in FTS5's operation order."""
+    return idf * ((tf * (K1 + 1.0)) / (tf + K1 * (1 - B + B * doclen / avgdl)))
+
+
+# -- build -------------------------------------------------------------------
+
+def build_lexical_index(db: apsw.Connection) -> dict:
+    """(Re)create lex_stats and lex_postings from claims_fts and claims.
+
+    Run inside the build's write transaction after the last change to
+    claims_fts (every insert or delete changes N, avgdl and df, hence every
+    contribution, so the tables are always rebuilt whole)."""
+    db.execute("DROP TABLE IF EXISTS lex_stats; DROP TABLE IF EXISTS lex_postings")
+    db.execute(LEX_DDL)
+    averages, n_rows, n_tokens = _averages(db)
+    max_rowid = db.execute("SELECT coalesce(max(rowid), 0) FROM claims").fetchone()[0]
+    rowid_type = "i" if max_rowid < 2**31 else "q"
+    db.execute("INSERT INTO lex_stats(id, version, n_rows, n_tokens, averages, rowid_type, byteorder)"
+               " VALUES(1, ?, ?, ?, ?, ?, ?)",
+               (LEX_VERSION, n_rows, n_tokens, averages, rowid_type, sys.byteorder))
+    if n_rows == 0:
+        return {"n_rows": 0, "terms": 0, "postings": 0, "lists": 0}
+    avgdl = float(n_tokens) / float(n_rows)
+
+    doclen: dict[int, int] = {}
+    for rowid, size in db.execute("SELECT id, sz FROM claims_fts_docsize"):
+        doclen[rowid] = _varint(size, 0)[0]
+    subject_of = dict(db.execute("SELECT rowid, subject_id FROM claims WHERE indexed = 1"))
+    if len(doclen) != n_rows or sum(doclen.values()) != n_tokens or not doclen.keys() <= subject_of.keys():
+        raise RuntimeError("claims_fts statistics disagree with its docsize table or with claims.indexed")
+
+    db.execute("DROP TABLE IF EXISTS temp.lex_vocab")
+    db.execute("CREATE VIRTUAL TABLE temp.lex_vocab USING fts5vocab(main, 'claims_fts', 'instance')")
+    insert = "INSERT INTO lex_postings(subject_id, term, n, ub, rowids, contribs) VALUES(?, ?, ?, ?, ?, ?)"
+    stats = {"n_rows": n_rows, "terms": 0, "postings": 0, "lists": 0}
+
+    def flush(term: str, docs: list[int], tfs: list[int]) -> None:
+        idf = idf_for(n_rows, len(docs))
+        memo: dict[tuple[int, int], float] = {}
+        by_subject: dict[str, tuple[array, array]] = defaultdict(lambda: (array(rowid_type), array("d")))
+        for rowid, tf in zip(docs, tfs):
+            dl = doclen[rowid]
+            c = memo.get((tf, dl))
+            if c is None:
+                c = memo[(tf, dl)] = contribution(idf, float(tf), float(dl), avgdl)
+            rows, contribs = by_subject[subject_of[rowid]]
+            rows.append(rowid)
+            contribs.append(c)
+        rows_out = [(subject, term, len(rows), max(contribs), rows.tobytes(), contribs.tobytes())
+                    for subject, (rows, contribs) in by_subject.items()]
+        db.executemany(insert, rows_out)
+        stats["terms"] += 1
+        stats["postings"] += len(docs)
+        stats["lists"] += len(rows_out)
+
+    term = None
+    docs: list[int] = []
+    tfs: list[int] = []
+    # the instance table streams in (term, doc, col, offset) order
+    for t, doc, tf in db.execute("SELECT term, doc, count(*) FROM temp.lex_vocab GROUP BY term, doc"):
+        if t != term:
+            if term is not None:
+                flush(term, docs, tfs)
+            term, docs, tfs = t, [], []
+        docs.append(doc)
+        tfs.append(tf)
+    if term is not None:
+        flush(term, docs, tfs)
+    db.execute("DROP TABLE temp.lex_vocab")
+    return stats
+
+
+# -- query -------------------------------------------------------------------
+
+class _State:
+    __slots__ = ("ok", "tokenizer", "rowid_type", "token_cache")
+
+    def __init__(self, db: apsw.Connection):
+        self.ok = False
+        self.token_cache: dict[str, str | None] = {}
+        try:
+            row = db.execute("SELECT version, n_rows, averages, rowid_type, byteorder FROM lex_stats"
+                             " WHERE id = 1").fetchone()
+        except apsw.SQLError:
+            return  # no lex tables in this snapshot
+        if row is None:
+            return
+        version, n_rows, averages, self.rowid_type, byteorder = row
+        current, current_rows, _ = _averages(db)
+        self.ok = (version == LEX_VERSION and byteorder == sys.byteorder and bytes(averages) == current
+                   and n_rows == current_rows)
+        self.tokenizer = db.fts5_tokenizer(*FTS_TOKENIZER_ARGS)
+
+    def token(self, term: str) -> str | None:
+        """The single FTS5 query token for a planned term, or None."""
+        tok = self.token_cache.get(term, "")
+        if tok == "":
+            toks = self.tokenizer(term.encode(), apsw.FTS5_TOKENIZE_QUERY, None,
+                                  include_offsets=False, include_colocated=False)
+            tok = toks[0] if len(toks) == 1 else None
+            if len(self.token_cache) > 100_000:
+                self.token_cache.clear()
+            self.token_cache[term] = tok
+        return tok
+
+
+# Snapshot connections are immutable (opened ?immutable=1), so what a
+# connection's lex tables look like is decided once per connection.
+_STATES: "weakref.WeakKeyDictionary[apsw.Connection, _State]" = weakref.WeakKeyDictionary()
+
+
+def _state(db: apsw.Connection) -> _State:
+    state = _STATES.get(db)
+    if state is None:
+        state = _STATES[db] = _State(db)
+    return state
+
+
+class _Scope:
+    """Lazy, batched scope checks through the caller's own predicate SQL."""
+
+    def __init__(self, db: apsw.Connection, where: str, params: list):
+        self.db = db
+        self.sql = f"SELECT c.rowid, c.claim_id FROM claims c WHERE c.rowid IN carray(?) AND {where}"
+        self.params = params
+        self.claim_id: dict[int, str] = {}   # in scope → claim_id
+        self.checked: set[int] = set()
+        self.out: set[int] = set()            # checked, not in scope
+
+    def check(self, rowids) -> None:
+        todo = [r for r in rowids if r not in self.checked]
+        if not todo:
+            return
+        self.checked.update(todo)
+        ids = self.claim_id
+        for rowid, claim_id in self.db.execute(self.sql, [apsw.carray(array("q", todo)), *self.params]):
+            ids[rowid] = claim_id
+        self.out.update(r for r in todo if r not in ids)
+
+
+def _kth_above(acc: dict[int, float], bound: float, k: int, scope: _Scope) -> float | None:
+    """The k-th largest partial score among in-scope candidates scoring at
+    least ``bound``, or None when fewer than k of them are in scope. Partial
+    scores only grow, so the result stays a lower bound of the k-th best
+    in-scope final score."""
+    top = [d for d, v in acc.items() if v >= bound]
+    if len(top) < k:
+        return None
+    top.sort(key=acc.__getitem__, reverse=True)
+    ids = scope.claim_id
+    found = 0
+    start = 0
+    while start < len(top):
+        chunk = top[start:start + k + (k >> 2)]
+        scope.check(chunk)
+        for d in chunk:
+            if d in ids:
+                found += 1
+                if found == k:
+                    return acc[d]
+        start += len(chunk)
+    return None
+
+
+def top_candidates(db: apsw.Connection, subject_id: str, where: str, params: list,
+                   terms, k: int = 200) -> list[tuple[int, float]] | None:
+    """(rowid, bm25) of the k best in-scope matches of '"t1" OR "t2" ...', best
+    first, equal to the FTS5 candidate query; None when the lex tables cannot
+    answer exactly (the caller then runs the FTS5 query).
+
+    ``where``/``params`` are the scope predicate over alias ``c`` (as built by
+    CompileScope.where); ``subject_id`` is the subject that predicate pins."""
+    state = _state(db)
+    if not state.ok:
+        return None
+    tokens = []
+    for term in terms:
+        tok = state.token(term)
+        if tok is None:
+            return None
+        tokens.append(tok)
+    if not tokens:
+        return []
+    mult: dict[str, int] = {}
+    for tok in tokens:
+        mult[tok] = mult.get(tok, 0) + 1
+    distinct = list(mult)
+    marks = ",".join("?" * len(distinct))
+    lists = {}  # token -> (ub_weighted, rowids view, contribs view)
+    tc = state.rowid_type
+    for term, ub, rowids, contribs in db.execute(
+            f"SELECT term, ub, rowids, contribs FROM lex_postings WHERE subject_id = ? AND term IN ({marks})",
+            [subject_id, *distinct]):
+        lists[term] = (ub * mult[term], memoryview(rowids).cast(tc), memoryview(contribs).cast("d"))
+    if not lists:
+        return []
+    order = sorted(lists, key=lambda t: -lists[t][0])
+    ubs = [lists[t][0] for t in order]
+    rest = [0.0] * (len(order) + 1)  # rest[j] = sum of ubs[j:]
+    for j in range(len(order) - 1, -1, -1):
+        rest[j] = rest[j + 1] + ubs[j]
+    eps = rest[0] * 1e-12  # far above float reordering error (~16 ulp), far below any real gap
+    scope = _Scope(db, where, params)
+
+    # 1. essential lists, whole, term at a time, until no doc outside them can
+    #    reach the k-th best in-scope partial score
+    acc: dict[int, float] = {}
+    theta = None
+    j = 0
+    remaining = sum(len(lists[t][1]) for t in order)
+    while j < len(order):
+        tok = order[j]
+        _, rows, contribs = lists[tok]
+        m = mult[tok]
+        if not acc:
+            acc = dict(zip(rows, contribs)) if m == 1 else {d: c * m for d, c in zip(rows, contribs)}
+        else:
+            get = acc.get
+            if m == 1:
+                for d, c in zip(rows, contribs):
+                    acc[d] = get(d, 0.0) + c
+            else:
+                for d, c in zip(rows, contribs):
+                    acc[d] = get(d, 0.0) + c * m
+        j += 1
+        remaining -= len(rows)
+        # a check costs about a pass over acc; skip it while the lists left are cheap
+        if len(acc) >= k and j < len(order) and remaining * 3 >= len(acc):
+            bound = rest[j] + eps + eps
+            theta = _kth_above(acc, bound, k, scope)
+            if theta is not None:
+                break
+    # 2. complete the survivors from the remaining lists by point lookups,
+    #    pruning as the bounds tighten; remember the contributions found
+    hits: dict[str, dict[int, float]] = {}
+    if j < len(order):
+        cut = theta - rest[j] - eps
+        cand = {d: v for d, v in acc.items() if v >= cut}
+        for d in scope.out:
+            cand.pop(d, None)
+        while j < len(order):
+            tok = order[j]
+            _, rows, contribs = lists[tok]
+            m = mult[tok]
+            n = len(rows)
+            found: dict[int, float] = {}
+            if n < len(cand) * 12:
+                # one C-level pass over the list (dict_keys & iterable), then a search per hit
+                for d in cand.keys() & rows:
+                    found[d] = contribs[bisect_left(rows, d)]
+            else:
+                for d in cand:
+                    i = bisect_left(rows, d)
+                    if i < n and rows[i] == d:
+                        found[d] = contribs[i]
+            hits[tok] = found
+            if m == 1:
+                for d, c in found.items():
+                    cand[d] += c
+            else:
+                for d, c in found.items():
+                    cand[d] += c * m
+            j += 1
+            theta = _kth_above(cand, theta, k, scope) or theta  # never None here: the old top k survive
+            cut = theta - rest[j] - eps
+            cand = {d: v for d, v in cand.items() if v >= cut}
+        acc = cand
+    else:
+        theta = _kth_above(acc, float("-inf"), k, scope)
+    # 3. finalists: exact scores, summed in phrase order as FTS5 does
+    finalists = [d for d, v in acc.items() if v >= theta - eps] if theta is not None else list(acc)
+    scope.check(finalists)
+    ids = scope.claim_id
+    finalists = [d for d in finalists if d in ids]
+    scores = [0.0] * len(finalists)
+    columns: dict[str, list[float]] = {}
+    for tok in tokens:
+        col = columns.get(tok)
+        if col is None:
+            found = hits.get(tok)
+            lk = lists.get(tok)
+            if found is not None:
+                get = found.get
+                col = [get(d, 0.0) for d in finalists]
+            elif lk is None:
+                col = None
+            else:
+                rows, contribs = lk[1], lk[2]
+                n = len(rows)
+                if n <= 8 * len(finalists):
+                    get = dict(zip(rows, contribs)).get
+                    col = [get(d, 0.0) for d in finalists]
+                else:
+                    col = []
+                    for d in finalists:
+                        i = bisect_left(rows, d)
+                        col.append(contribs[i] if i < n and rows[i] == d else 0.0)
+            columns[tok] = col
+        if col is not None:
+            scores = [s + c for s, c in zip(scores, col)]
+    out = sorted(zip([-1.0 * s for s in scores], [ids[d] for d in finalists], finalists))
+    return [(d, s) for s, _, d in out[:k]]
