@@ -203,8 +203,7 @@ def print_tables(results: list[dict], env: dict) -> None:
     if any(r["build"]["import_reused"] or r["build"]["rebuild_reused"] for r in results):
         print("* reused from an earlier run (bench/.data): the figure is that run's")
     if any(r["build"].get("rebuild_from_scratch") for r in results):
-        print("s rebuilt from scratch after a change to the snapshot code (replays the import's ledger"
-              " plus earlier runs' context runs)")
+        print("s rebuilt from scratch, from the kept ledger, after a change to the snapshot code")
     print("\nMean ms per stage (outcome.timings; 'other' = wall minus the stages: request parsing etc.)")
     head = ("claims", *STAGES, "other", "mean wall", "FTS-only p50/p95", "peak RSS MiB", "load 1m")
     rows = []

@@ -11,6 +11,7 @@ stored packs back to the principal that compiled them.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from dataclasses import dataclass, field
 
@@ -20,7 +21,8 @@ from core.ids import entry_hex, parse_id
 from core.instants import canonical, now_utc
 from core.keys import Principal
 from core.ledger import RUN_SUFFIX, Ledger
-from core.packing import BudgetTooSmall, assemble, dumps, pack, payload_tokens
+from core.packing import (BudgetTooSmall, PackCandidate, assemble, dumps, item_prefix, item_suffix, pack,
+                           payload_tokens)
 from core.planning import MAX_TASK_CHARS, plan_query
 from core.ranking import RankInput, rank
 from core.retrieval import COL, CompileScope, disputed_for, hydrate, lexical_candidates, readable_evidence
@@ -49,6 +51,34 @@ class CompileRequest:
         include_checkpoints = f.boolean("include_checkpoints")
         at = f.instant("at") or now_utc()
         return cls(subject_id, task, max_tokens, project_id, include_checkpoints, canonical(at), at.timestamp())
+
+
+ITEM_VIEW_CACHE = 50_000  # views kept per generation (a few hundred bytes each)
+
+
+@dataclass(frozen=True)
+class ItemView:
+    fields: dict                 # the item's documented fields, evidence_ids last, no score
+    prefix_tokens: int           # payload_tokens of its serialized prefix
+    conflict: dict | None
+    conflict_json: str | None
+
+    @classmethod
+    def build(cls, row: tuple, evidence: list[tuple[str, str]], disputed: bool) -> "ItemView":
+        status = row[COL["status"]]
+        if status == "disputed" and not disputed:
+            status = "active"  # contradicted only by evidence this reader may not see
+        claim_id = row[COL["claim_id"]]
+        fields = {"claim_id": claim_id, "claim": row[COL["statement"]], "kind": row[COL["kind"]],
+                  "confidence": row[COL["confidence"]], "trust": row[COL["trust"]], "status": status,
+                  "observer_id": row[COL["observer_id"]], "valid_from": row[COL["valid_from"]],
+                  "valid_to": row[COL["valid_to"]], "evidence_ids": sorted({o for o, _ in evidence})}
+        conflict = None
+        if disputed:
+            conflict = {"claim_id": claim_id, "reason": "contradicting_evidence",
+                        "evidence_ids": sorted({o for o, r in evidence if r in ("supports", "contradicts")})}
+        return cls(fields, payload_tokens(item_prefix(fields)), conflict,
+                   dumps(conflict) if conflict else None)
 
 
 @dataclass
@@ -108,21 +138,30 @@ class Compiler:
                     "budget": {"max_tokens": req.max_tokens, "used_tokens": 0},
                     "items": [], "conflicts": [],
                     "policy_snapshot": POLICY_SNAPSHOT, "instructions": INSTRUCTIONS}
+        views = [self._view(snapshot, principal, by_id[r.claim_id], r.components["conflict"] == 1)
+                 for r in ranked]
+        candidates = [PackCandidate(r.claim_id, v.fields["kind"], v.prefix_tokens,
+                                    item_suffix(r.score, r.components), v.conflict_json)
+                      for r, v in zip(ranked, views)]
         try:
-            result = pack([self._item(principal, by_id[r.claim_id], r) for r in ranked],
-                          envelope, req.max_tokens)
+            result = pack(candidates, envelope, req.max_tokens)
         except BudgetTooSmall as exc:
             raise ValidationError(
                 f"max_tokens {req.max_tokens} cannot hold even the empty response envelope (which echoes "
                 f"the task); the smallest budget that would is {exc.needed}") from None
-        data = assemble(envelope, result)
-        while payload_tokens(dumps(data)) > req.max_tokens and result.items:
+        picked = list(result.picked)
+        charged = list(result.item_tokens)
+        while True:
+            items = [dict(views[i].fields, score=ranked[i].score, score_components=ranked[i].components)
+                     for i in picked]
+            conflicts = [views[i].conflict for i in picked if views[i].conflict]
+            data = assemble(envelope, items, conflicts, sum(charged))
+            if not picked or payload_tokens(dumps(data)) <= req.max_tokens:
+                break
             # The estimate is subadditive, so this never runs in practice; it
             # keeps the budget promise even if a boundary merge ever costs more.
-            dropped = result.items.pop()
-            result.used_tokens -= payload_tokens(dumps(dropped))
-            result.conflicts = [c for c in result.conflicts if c["claim_id"] != dropped["claim_id"]]
-            data = assemble(envelope, result)
+            picked.pop()
+            charged.pop()
         lap("pack")
         degraded = {"semantic": False, "vector": self.vector_state,
                     "model": "enabled" if self.vector_state != "disabled" else "disabled"}
@@ -144,23 +183,23 @@ class Compiler:
         return CompileOutcome(data, meta, timings)
 
     @staticmethod
-    def _item(principal: Principal, row: tuple, ranked) -> tuple[dict, dict | None]:
+    def _view(snapshot, principal: Principal, row: tuple, disputed: bool) -> "ItemView":
+        """The item as this reader sees it, minus its score. A claim whose
+        evidence is all organization-visible looks the same to every reader,
+        so its view (and the estimate of its serialized prefix) is built once
+        per generation and kept on the snapshot."""
         claim_id = row[COL["claim_id"]]
-        evidence = readable_evidence(principal, row[COL["evidence_json"]])
-        disputed = ranked.components["conflict"] == 1
-        status = row[COL["status"]]
-        if status == "disputed" and not disputed:
-            status = "active"  # contradicted only by evidence this reader may not see
-        item = {"claim_id": claim_id, "claim": row[COL["statement"]], "kind": row[COL["kind"]],
-                "confidence": row[COL["confidence"]], "trust": row[COL["trust"]], "status": status,
-                "observer_id": row[COL["observer_id"]], "valid_from": row[COL["valid_from"]],
-                "valid_to": row[COL["valid_to"]], "evidence_ids": sorted({o for o, _ in evidence}),
-                "score": ranked.score, "score_components": ranked.components}
-        conflict = None
-        if disputed:
-            conflict = {"claim_id": claim_id, "reason": "contradicting_evidence",
-                        "evidence_ids": sorted({o for o, r in evidence if r in ("supports", "contradicts")})}
-        return item, conflict
+        view = snapshot.item_views.get(claim_id)
+        if view is None:
+            evidence = json.loads(row[COL["evidence_json"]])
+            public = all(e[2] == "organization" for e in evidence)
+            view = ItemView.build(row, [(e[0], e[1]) for e in evidence], disputed) if public else False
+            if len(snapshot.item_views) >= ITEM_VIEW_CACHE:
+                snapshot.item_views.clear()
+            snapshot.item_views[claim_id] = view
+        if view is False:
+            return ItemView.build(row, readable_evidence(principal, row[COL["evidence_json"]]), disputed)
+        return view
 
     # -- stored packs ------------------------------------------------------------
 

@@ -2,11 +2,16 @@
 
 Pure, no I/O. The envelope — the whole ``data`` object with no items, its
 numbers at their widest — is estimated first and reserved; then the ranked
-list is walked greedily: an item is taken whole when its estimate (plus its
-conflict entry, if any, and the separators) fits what is left and its kind
-has fewer than 3 items; otherwise it is skipped and the walk goes on. A
-final check estimates the serialized ``data`` exactly as it will be sent, so
-the whole payload never exceeds ``max_tokens`` by the estimate.
+list is walked greedily: an item is taken whole when its charged estimate
+(plus its conflict entry, if any, and the separators) fits what is left and
+its kind has fewer than 3 items; otherwise it is skipped and the walk goes
+on. An item is charged ``estimate(prefix) + estimate(suffix)`` — its fields
+and its score serialized apart — which the estimate's subadditivity makes
+never lower than the estimate of the whole item, and which lets the prefix's
+estimate be computed once per generation. The caller then estimates the
+serialized ``data`` exactly as it will be sent, so the whole payload never
+exceeds ``max_tokens`` by the estimate. ``used_tokens`` is the sum of the
+packed items' charged estimates.
 """
 
 from __future__ import annotations
@@ -71,12 +76,35 @@ class BudgetTooSmall(Exception):
 
 
 @dataclass
+class PackCandidate:
+    """One ranked claim as the packer sees it. Its item serializes as
+    ``prefix + suffix`` (``item_prefix``/``item_suffix``): the prefix — every
+    field but the score — is the same for every request on a generation, so
+    its estimate is computed once; by subadditivity of the estimate,
+    ``prefix_tokens + payload_tokens(suffix)`` never undercounts the item."""
+    claim_id: str
+    kind: str
+    prefix_tokens: int
+    suffix: str
+    conflict: str | None = None  # the serialized conflict entry, for a disputed item
+
+
+@dataclass
 class PackResult:
-    items: list[dict]
-    conflicts: list[dict]
+    picked: list[int]            # indexes into the candidates, rank order
+    item_tokens: list[int]       # the charged estimate of each picked item
     used_tokens: int
     envelope_tokens: int
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (claim_id, "kind_full" | "no_fit")
+
+
+def item_prefix(fields: dict) -> str:
+    """The item's JSON up to its score: ``fields`` ends with evidence_ids."""
+    return dumps(fields)[:-1] + ","
+
+
+def item_suffix(score: float, components: dict) -> str:
+    return '"score":' + dumps(score) + ',"score_components":' + dumps(components) + "}"
 
 
 def envelope_cost(envelope: dict, max_tokens: int) -> int:
@@ -88,9 +116,9 @@ def envelope_cost(envelope: dict, max_tokens: int) -> int:
     return payload_tokens(dumps(probe))
 
 
-def pack(ranked: list[tuple[dict, dict | None]], envelope: dict, max_tokens: int) -> PackResult:
-    """``ranked``: (item, conflict entry or None) best first; ``envelope``: the
-    ``data`` object without items/conflicts, its ``budget`` filled in."""
+def pack(candidates: list[PackCandidate], envelope: dict, max_tokens: int) -> PackResult:
+    """``candidates`` best first; ``envelope``: the ``data`` object without
+    items/conflicts, its ``budget`` filled in."""
     envelope_tokens = envelope_cost(envelope, max_tokens)
     if envelope_tokens > max_tokens:
         needed = envelope_tokens
@@ -99,27 +127,28 @@ def pack(ranked: list[tuple[dict, dict | None]], envelope: dict, max_tokens: int
         raise BudgetTooSmall(needed)
     remaining = max_tokens - envelope_tokens
     per_kind: dict[str, int] = {}
-    items, conflicts, skipped = [], [], []
-    used = 0
-    for item, conflict in ranked:
-        if per_kind.get(item["kind"], 0) >= MAX_PER_KIND:
-            skipped.append((item["claim_id"], "kind_full"))
+    picked, charged, skipped = [], [], []
+    for index, c in enumerate(candidates):
+        if per_kind.get(c.kind, 0) >= MAX_PER_KIND:
+            skipped.append((c.claim_id, "kind_full"))
             continue
-        item_tokens = payload_tokens(dumps(item))
-        cost = item_tokens + 1 + (payload_tokens(dumps(conflict)) + 1 if conflict else 0)
+        # the prefix alone bounds the cost from below: most skips stop here
+        if c.prefix_tokens + 1 > remaining:
+            skipped.append((c.claim_id, "no_fit"))
+            continue
+        item_tokens = c.prefix_tokens + payload_tokens(c.suffix)
+        cost = item_tokens + 1 + (payload_tokens(c.conflict) + 1 if c.conflict else 0)
         if cost > remaining:
-            skipped.append((item["claim_id"], "no_fit"))
+            skipped.append((c.claim_id, "no_fit"))
             continue
         remaining -= cost
-        used += item_tokens
-        per_kind[item["kind"]] = per_kind.get(item["kind"], 0) + 1
-        items.append(item)
-        if conflict:
-            conflicts.append(conflict)
-    return PackResult(items, conflicts, used, envelope_tokens, skipped)
+        per_kind[c.kind] = per_kind.get(c.kind, 0) + 1
+        picked.append(index)
+        charged.append(item_tokens)
+    return PackResult(picked, charged, sum(charged), envelope_tokens, skipped)
 
 
-def assemble(envelope: dict, result: PackResult) -> dict:
-    data = dict(envelope, items=result.items, conflicts=result.conflicts)
-    data["budget"] = dict(envelope["budget"], used_tokens=result.used_tokens)
+def assemble(envelope: dict, items: list[dict], conflicts: list[dict], used_tokens: int) -> dict:
+    data = dict(envelope, items=items, conflicts=conflicts)
+    data["budget"] = dict(envelope["budget"], used_tokens=used_tokens)
     return data

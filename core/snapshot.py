@@ -34,6 +34,7 @@ class Snapshot:
     path: str
     db: apsw.Connection
     watermark: str
+    item_views: dict = field(default_factory=dict)  # claim_id -> compile's per-generation item view
 
     @property
     def claim_count(self) -> int:

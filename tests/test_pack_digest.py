@@ -23,7 +23,7 @@ from core.service import Service
 
 AT = "2027-03-01T00:00:00Z"
 KINDS = ("semantic_fact", "episodic_event", "preference", "procedural", "decision", "relationship")
-PINNED = "4c388b8c000c5e7fb4211b53630cd46482151a5cc41ef373ac9d3b273a84af38"
+PINNED = "8cffbbc7415eb07617fbf264d1d65184a3d6d93c22c2e3c0e2e25d7a6f61acf6"
 
 
 def corpus(n=600, seed=20260817):

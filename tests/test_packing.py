@@ -4,7 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.domain import CLAIM_KINDS, INSTRUCTIONS, POLICY_SNAPSHOT
-from core.packing import MAX_PER_KIND, BudgetTooSmall, assemble, dumps, envelope_cost, pack
+from core.packing import (MAX_PER_KIND, BudgetTooSmall, PackCandidate, assemble, dumps, envelope_cost,
+                          item_prefix, item_suffix, pack)
 from core.packing import payload_tokens as estimate_tokens
 
 TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=1, max_size=400)
@@ -38,54 +39,70 @@ def ranked_items(draw):
     return out
 
 
+def candidates_of(ranked):
+    return [PackCandidate(item["claim_id"], item["kind"],
+                          estimate_tokens(item_prefix({k: v for k, v in item.items()
+                                                       if k not in ("score", "score_components")})),
+                          item_suffix(item["score"], item["score_components"]),
+                          dumps(conflict) if conflict else None)
+            for item, conflict in ranked]
+
+
 @settings(max_examples=300, deadline=None)
 @given(ranked=ranked_items(), max_tokens=st.integers(128, 32000), task=TEXT)
 def test_the_serialized_pack_never_exceeds_the_budget_and_skips_only_for_cause(ranked, max_tokens, task):
     env = envelope(task, max_tokens)
+    cands = candidates_of(ranked)
     try:
-        result = pack(ranked, env, max_tokens)
+        result = pack(cands, env, max_tokens)
     except BudgetTooSmall as exc:
         assert envelope_cost(env, max_tokens) > max_tokens and exc.needed > max_tokens
         return
-    data = assemble(env, result)
+    items = [ranked[i][0] for i in result.picked]
+    conflicts = [ranked[i][1] for i in result.picked if ranked[i][1]]
+    data = assemble(env, items, conflicts, result.used_tokens)
     assert estimate_tokens(dumps(data)) <= max_tokens
-    packed_ids = [i["claim_id"] for i in result.items]
-    by_id = {item["claim_id"]: item for item, _ in ranked}
-    # no item is truncated or altered, and rank order is kept
-    assert [by_id[c] for c in packed_ids] == result.items
-    assert packed_ids == [item["claim_id"] for item, _ in ranked if item["claim_id"] in set(packed_ids)]
-    # at most 3 per kind
-    kinds = [i["kind"] for i in result.items]
+    # whole items only, in rank order; an item serializes as prefix + suffix
+    assert result.picked == sorted(result.picked)
+    for item, _ in ranked:
+        fields = {k: v for k, v in item.items() if k not in ("score", "score_components")}
+        assert item_prefix(fields) + item_suffix(item["score"], item["score_components"]) == dumps(item)
+    # the charged cost never undercounts the item
+    for i, charged in zip(result.picked, result.item_tokens):
+        assert charged >= estimate_tokens(dumps(ranked[i][0]))
+    kinds = [i["kind"] for i in items]
     assert all(kinds.count(k) <= MAX_PER_KIND for k in set(kinds))
     # skipped only when it would not fit or its kind was full, at that moment
     remaining = max_tokens - result.envelope_tokens
     counts: dict = {}
-    for item, conflict in ranked:
-        cost = estimate_tokens(dumps(item)) + 1 + (estimate_tokens(dumps(conflict)) + 1 if conflict else 0)
-        if item["claim_id"] in packed_ids:
+    for index, c in enumerate(cands):
+        cost = c.prefix_tokens + estimate_tokens(c.suffix) + 1 + (estimate_tokens(c.conflict) + 1 if c.conflict else 0)
+        if index in result.picked:
             remaining -= cost
-            counts[item["kind"]] = counts.get(item["kind"], 0) + 1
+            counts[c.kind] = counts.get(c.kind, 0) + 1
         else:
-            assert counts.get(item["kind"], 0) >= MAX_PER_KIND or cost > remaining
-    assert result.used_tokens == sum(estimate_tokens(dumps(i)) for i in result.items)
-    assert [c["claim_id"] for c in result.conflicts] == [i["claim_id"] for i in result.items if i["status"] == "disputed"]
+            assert counts.get(c.kind, 0) >= MAX_PER_KIND or cost > remaining
+    assert result.used_tokens == sum(result.item_tokens)
+
+
+def _plain(claim_id, claim, kind="procedural"):
+    return ({"claim_id": claim_id, "claim": claim, "kind": kind, "evidence_ids": [], "score": 0.5,
+             "score_components": {"relevance": 1.0}}, None)
 
 
 def test_an_empty_ranking_packs_nothing_and_uses_zero_tokens():
     result = pack([], envelope(), 1200)
-    assert result.items == [] and result.used_tokens == 0
+    assert result.picked == [] and result.used_tokens == 0
 
 
 def test_a_fourth_item_of_a_kind_is_skipped_even_when_it_fits():
-    items = [({"claim_id": f"claim_{i}", "claim": "x", "kind": "procedural"}, None) for i in range(4)]
-    result = pack(items, envelope(), 32000)
-    assert [i["claim_id"] for i in result.items] == ["claim_0", "claim_1", "claim_2"]
+    result = pack(candidates_of([_plain(f"claim_{i}", "x") for i in range(4)]), envelope(), 32000)
+    assert result.picked == [0, 1, 2]
     assert result.skipped == [("claim_3", "kind_full")]
 
 
 def test_a_big_item_is_skipped_and_a_smaller_later_one_still_packed():
-    items = [({"claim_id": "claim_big", "claim": "word " * 400, "kind": "procedural"}, None),
-             ({"claim_id": "claim_small", "claim": "short", "kind": "procedural"}, None)]
-    result = pack(items, envelope(), 300)
-    assert [i["claim_id"] for i in result.items] == ["claim_small"]
+    ranked = [_plain("claim_big", "word " * 400), _plain("claim_small", "short")]
+    result = pack(candidates_of(ranked), envelope(), 300)
+    assert result.picked == [1]
     assert result.skipped == [("claim_big", "no_fit")]
