@@ -21,7 +21,7 @@ from core.ids import entry_hex, parse_id
 from core.instants import canonical, now_utc
 from core.keys import Principal
 from core.ledger import RUN_SUFFIX, Ledger
-from core.packing import (BudgetTooSmall, PackCandidate, assemble, dumps, item_prefix, item_suffix, pack,
+from core.packing import (BudgetTooSmall, PackCandidate, assemble, dumps, item_prefix, pack,
                            payload_tokens)
 from core.planning import MAX_TASK_CHARS, plan_query
 from core.ranking import RankInput, rank
@@ -140,8 +140,8 @@ class Compiler:
                     "policy_snapshot": POLICY_SNAPSHOT, "instructions": INSTRUCTIONS}
         views = [self._view(snapshot, principal, by_id[r.claim_id], r.components["conflict"] == 1)
                  for r in ranked]
-        candidates = [PackCandidate(r.claim_id, v.fields["kind"], v.prefix_tokens,
-                                    item_suffix(r.score, r.components), v.conflict_json)
+        candidates = [PackCandidate(r.claim_id, v.fields["kind"], v.prefix_tokens, r.score, r.components,
+                                    v.conflict_json)
                       for r, v in zip(ranked, views)]
         try:
             result = pack(candidates, envelope, req.max_tokens)

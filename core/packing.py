@@ -85,8 +85,13 @@ class PackCandidate:
     claim_id: str
     kind: str
     prefix_tokens: int
-    suffix: str
+    score: float
+    components: dict
     conflict: str | None = None  # the serialized conflict entry, for a disputed item
+
+    @property
+    def suffix(self) -> str:
+        return item_suffix(self.score, self.components)
 
 
 @dataclass
@@ -104,7 +109,9 @@ def item_prefix(fields: dict) -> str:
 
 
 def item_suffix(score: float, components: dict) -> str:
-    return '"score":' + dumps(score) + ',"score_components":' + dumps(components) + "}"
+    # what dumps() gives for a float is its repr; formatted by hand on the hot path
+    return ('"score":' + repr(score) + ',"score_components":{'
+            + ",".join(f'"{k}":{v!r}' for k, v in components.items()) + "}}")
 
 
 def envelope_cost(envelope: dict, max_tokens: int) -> int:

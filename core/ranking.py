@@ -77,13 +77,17 @@ def relevances(candidates: list[RankInput]) -> list[float]:
 
 
 def rank(candidates: list[RankInput], at_s: float) -> list[Ranked]:
+    w_rel, w_trust, w_rec, w_util, w_conf = (WEIGHTS[k] for k in
+                                             ("relevance", "trust", "recency", "utility", "conflict"))
     ranked = []
     for c, rel in zip(candidates, relevances(candidates)):
-        parts = {"relevance": rel, "trust": trust(c.trust_level), "recency": recency(c.created_s, at_s),
-                 "utility": utility(c.feedback_total, c.feedback_positive, c.feedback_negative),
-                 "conflict": 1.0 if c.disputed else 0.0}
-        raw = sum(WEIGHTS[k] * v for k, v in parts.items())
+        t = trust(c.trust_level)
+        rec = recency(c.created_s, at_s)
+        util = utility(c.feedback_total, c.feedback_positive, c.feedback_negative)
+        conf = 1.0 if c.disputed else 0.0
+        raw = w_rel * rel + w_trust * t + w_rec * rec + w_util * util + w_conf * conf
         ranked.append(Ranked(c.claim_id, round(raw * c.confidence, 6),
-                             {k: round(v, 6) for k, v in parts.items()}))
+                             {"relevance": round(rel, 6), "trust": round(t, 6), "recency": round(rec, 6),
+                              "utility": round(util, 6), "conflict": conf}))
     ranked.sort(key=lambda r: (-r.score, -r.components["relevance"], r.claim_id))
     return ranked

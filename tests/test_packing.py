@@ -43,8 +43,7 @@ def candidates_of(ranked):
     return [PackCandidate(item["claim_id"], item["kind"],
                           estimate_tokens(item_prefix({k: v for k, v in item.items()
                                                        if k not in ("score", "score_components")})),
-                          item_suffix(item["score"], item["score_components"]),
-                          dumps(conflict) if conflict else None)
+                          item["score"], item["score_components"], dumps(conflict) if conflict else None)
             for item, conflict in ranked]
 
 
