@@ -21,7 +21,7 @@ from core.ids import entry_hex, parse_id
 from core.instants import canonical, now_utc
 from core.keys import Principal
 from core.ledger import RUN_SUFFIX, Ledger
-from core.packing import (BudgetTooSmall, PackCandidate, assemble, dumps, item_prefix, pack,
+from core.packing import (BudgetTooSmall, PackCandidate, assemble, dumps, item_fields, item_prefix, pack,
                            payload_tokens)
 from core.planning import MAX_TASK_CHARS, plan_query
 from core.ranking import RankInput, rank
@@ -69,10 +69,9 @@ class ItemView:
         if status == "disputed" and not disputed:
             status = "active"  # contradicted only by evidence this reader may not see
         claim_id = row[COL["claim_id"]]
-        fields = {"claim_id": claim_id, "claim": row[COL["statement"]], "kind": row[COL["kind"]],
-                  "confidence": row[COL["confidence"]], "trust": row[COL["trust"]], "status": status,
-                  "observer_id": row[COL["observer_id"]], "valid_from": row[COL["valid_from"]],
-                  "valid_to": row[COL["valid_to"]], "evidence_ids": sorted({o for o, _ in evidence})}
+        fields = item_fields(claim_id, row[COL["statement"]], row[COL["kind"]], row[COL["confidence"]],
+                             row[COL["trust"]], status, row[COL["observer_id"]], row[COL["valid_from"]],
+                             row[COL["valid_to"]], sorted({o for o, _ in evidence}))
         conflict = None
         if disputed:
             conflict = {"claim_id": claim_id, "reason": "contradicting_evidence",
@@ -138,11 +137,20 @@ class Compiler:
                     "budget": {"max_tokens": req.max_tokens, "used_tokens": 0},
                     "items": [], "conflicts": [],
                     "policy_snapshot": POLICY_SNAPSHOT, "instructions": INSTRUCTIONS}
-        views = [self._view(snapshot, principal, by_id[r.claim_id], r.components["conflict"] == 1)
-                 for r in ranked]
-        candidates = [PackCandidate(r.claim_id, v.fields["kind"], v.prefix_tokens, r.score, r.components,
-                                    v.conflict_json)
-                      for r, v in zip(ranked, views)]
+        views: dict[int, ItemView] = {}
+        candidates = []
+        for i, r in enumerate(ranked):
+            row = by_id[r.claim_id]
+            disputed = r.components["conflict"] == 1
+            prefix_tokens = row[COL["prefix_tokens"]]
+            if prefix_tokens is None or disputed:
+                # reader-dependent, or a conflict entry to price: the full view
+                views[i] = view = self._view(snapshot, principal, row, disputed)
+                candidates.append(PackCandidate(r.claim_id, row[COL["kind"]], view.prefix_tokens, r.score,
+                                                r.components, view.conflict_json))
+            else:
+                candidates.append(PackCandidate(r.claim_id, row[COL["kind"]], prefix_tokens, r.score,
+                                                r.components))
         try:
             result = pack(candidates, envelope, req.max_tokens)
         except BudgetTooSmall as exc:
@@ -151,6 +159,9 @@ class Compiler:
                 f"the task); the smallest budget that would is {exc.needed}") from None
         picked = list(result.picked)
         charged = list(result.item_tokens)
+        for i in picked:
+            if i not in views:
+                views[i] = self._view(snapshot, principal, by_id[ranked[i].claim_id], False)
         while True:
             items = [dict(views[i].fields, score=ranked[i].score, score_components=ranked[i].components)
                      for i in picked]

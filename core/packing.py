@@ -103,6 +103,14 @@ class PackResult:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (claim_id, "kind_full" | "no_fit")
 
 
+def item_fields(claim_id: str, claim: str, kind: str, confidence: float, trust: str, status: str,
+                observer_id: str | None, valid_from: str, valid_to: str | None, evidence_ids: list[str]) -> dict:
+    """An item's documented fields but its score, in the order they are sent."""
+    return {"claim_id": claim_id, "claim": claim, "kind": kind, "confidence": confidence, "trust": trust,
+            "status": status, "observer_id": observer_id, "valid_from": valid_from, "valid_to": valid_to,
+            "evidence_ids": evidence_ids}
+
+
 def item_prefix(fields: dict) -> str:
     """The item's JSON up to its score: ``fields`` ends with evidence_ids."""
     return dumps(fields)[:-1] + ","

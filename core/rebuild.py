@@ -35,6 +35,7 @@ from core.domain import POSITIVE_OUTCOMES, TRUST_LEVELS
 from core.ids import uuid7_floor_hex, uuid7_ms
 from core.instants import canonical, now_utc, parse_instant
 from core.lexical import build_lexical_index
+from core.packing import item_fields, item_prefix, payload_tokens
 from core.ledger import RUN_SUFFIX, Ledger, ledger_prefix
 from core.snapshot_schema import CANONICAL_QUERIES, DDL, SCHEMA_VERSION
 from core.store import ObjectNotFound, PreconditionFailed, Store
@@ -82,6 +83,17 @@ def file_sha256(path: str) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def snapshot_schema_version(path: str) -> int | None:
+    db = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        return int(row[0]) if row else None
+    except apsw.SQLError:
+        return None
+    finally:
+        db.close()
 
 
 def content_hash(db: apsw.Connection) -> str:
@@ -155,6 +167,12 @@ class SnapshotBuilder:
             if file_sha256(work) != pointer["sha256"]:
                 # A damaged previous generation is never built upon: replay.
                 self.progress(f"{self.org_id}: previous snapshot fails its sha256; replaying the ledger")
+                os.unlink(work)
+                pointer = None
+            elif snapshot_schema_version(work) != SCHEMA_VERSION:
+                # Built by another version of the schema: its tables cannot
+                # be extended in place, but the ledger can always be replayed.
+                self.progress(f"{self.org_id}: previous snapshot has another schema; replaying the ledger")
                 os.unlink(work)
                 pointer = None
         db = apsw.Connection(work)
@@ -332,10 +350,11 @@ def _claims_citing(db: apsw.Connection, observation_ids: list[str]) -> list[str]
 def refresh_projections(db: apsw.Connection, claim_ids: Iterable[str]) -> None:
     """Recompute every derived column of these claims from canonical rows."""
     for claim_id in sorted(claim_ids):
-        row = db.execute("SELECT rowid, statement, indexed FROM claims WHERE claim_id=?", (claim_id,)).fetchone()
+        row = db.execute("SELECT rowid, statement, indexed, kind, confidence, trust, observer_id, valid_from,"
+                         " valid_to FROM claims WHERE claim_id=?", (claim_id,)).fetchone()
         if row is None:
             continue  # feedback or a transition for a claim not (yet) in this ledger
-        rowid, statement, indexed = row
+        rowid, statement, indexed, kind, confidence, trust, observer_id, valid_from, valid_to = row
         version, base_status, superseded_by = 1, "active", None
         for from_version, action, new_claim_id in db.execute(
                 "SELECT from_version, action, new_claim_id FROM transitions WHERE claim_id=?"
@@ -360,16 +379,22 @@ def refresh_projections(db: apsw.Connection, claim_ids: Iterable[str]) -> None:
             else:
                 negative += 1
         should_index = int(status not in TERMINAL)
+        prefix_tokens = None
+        if should_index and all(e[2] == "organization" for e in evidence):
+            # every reader sees this item alike: price its prefix once, here
+            prefix_tokens = payload_tokens(item_prefix(item_fields(
+                claim_id, statement, kind, confidence, trust, status, observer_id, valid_from, valid_to,
+                sorted({e[0] for e in evidence}))))
         if should_index and not indexed:
             db.execute("INSERT INTO claims_fts(rowid, statement) VALUES(?, ?)", (rowid, statement))
         elif indexed and not should_index:
             db.execute("DELETE FROM claims_fts WHERE rowid=?", (rowid,))
         db.execute(
             "UPDATE claims SET base_status=?, status=?, version=?, superseded_by=?, disputed=?, dispute_public=?,"
-            " feedback_total=?, feedback_positive=?, feedback_negative=?, evidence_json=?, indexed=?"
-            " WHERE rowid=?",
+            " feedback_total=?, feedback_positive=?, feedback_negative=?, evidence_json=?, indexed=?,"
+            " prefix_tokens=? WHERE rowid=?",
             (base_status, status, version, superseded_by, disputed, dispute_public, total, positive, negative,
-             json.dumps(evidence, separators=(",", ":")), should_index, rowid))
+             json.dumps(evidence, separators=(",", ":")), should_index, prefix_tokens, rowid))
 
 
 def rollback(store: Store, org_id: str, generation: int) -> dict:

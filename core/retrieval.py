@@ -23,7 +23,7 @@ MAX_CANDIDATES = 200
 CLAIM_FIELDS = ("rowid", "claim_id", "subject_id", "project_id", "workspace_id", "visibility", "owner_id",
                 "statement", "kind", "confidence", "trust", "trust_level", "observer_id", "valid_from",
                 "valid_to", "created_at", "created_s", "status", "version", "disputed", "dispute_public",
-                "feedback_total", "feedback_positive", "feedback_negative", "evidence_json")
+                "feedback_total", "feedback_positive", "feedback_negative", "evidence_json", "prefix_tokens")
 CLAIM_COLUMNS = ", ".join(CLAIM_FIELDS)
 COL = {name: i for i, name in enumerate(CLAIM_FIELDS)}
 

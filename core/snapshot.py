@@ -23,6 +23,7 @@ import apsw
 
 from core.instants import now_utc, parse_instant
 from core.rebuild import file_sha256, pointer_key
+from core.snapshot_schema import SCHEMA_VERSION
 from core.store import ObjectNotFound, Store
 
 
@@ -71,6 +72,15 @@ class SnapshotReader:
         self._orgs: OrderedDict[str, _OrgState] = OrderedDict()
         self._lock = threading.Lock()
         os.makedirs(cache_dir, exist_ok=True)
+        # Copies left by an earlier process are never reused (a generation is
+        # fetched and verified afresh); unlinking one another process still
+        # has open is safe, its open handle keeps the data.
+        for name in os.listdir(cache_dir):
+            if name.endswith((".sqlite", ".part")):
+                try:
+                    os.unlink(os.path.join(cache_dir, name))
+                except FileNotFoundError:
+                    pass
 
     def _state(self, org_id: str) -> _OrgState:
         with self._lock:
@@ -139,7 +149,14 @@ class SnapshotReader:
             if os.path.exists(tmp):
                 os.unlink(tmp)
         db = open_readonly(final)
-        watermark = db.execute("SELECT value FROM meta WHERE key='watermark'").fetchone()[0]
+        meta = dict(db.execute("SELECT key, value FROM meta"))
+        if int(meta.get("schema_version", 0)) != SCHEMA_VERSION:
+            db.close()
+            os.unlink(final)
+            raise SnapshotRejected(
+                f"generation {generation} refused: schema version {meta.get('schema_version')} is not "
+                f"{SCHEMA_VERSION}; the next rebuild replays the ledger into the current schema")
+        watermark = meta["watermark"]
         return Snapshot(org_id, generation, pointer, final, db, watermark)
 
     @staticmethod

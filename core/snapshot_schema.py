@@ -15,7 +15,7 @@ status can still be compiled (active, disputed); superseded, expired and
 revoked claims are deleted from it, so they never count in BM25 statistics.
 """
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # bump on any change to DDL: older snapshots are then replayed, never served
 FTS_TOKENIZER = "porter unicode61 remove_diacritics 2"
 
 DDL = f"""
@@ -54,6 +54,9 @@ CREATE TABLE claims(
   feedback_positive INTEGER NOT NULL DEFAULT 0,
   feedback_negative INTEGER NOT NULL DEFAULT 0,
   evidence_json TEXT NOT NULL DEFAULT '[]',
+  -- compile's estimate of the item's serialized prefix (every field but the
+  -- score), for claims every reader sees alike; NULL when reader-dependent
+  prefix_tokens INTEGER,
   indexed INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX claims_scope ON claims(subject_id, status, project_id);
@@ -118,7 +121,7 @@ CANONICAL_QUERIES = (
     ("claims", "SELECT claim_id, org_id, subject_id, project_id, workspace_id, visibility, owner_id,"
                " statement, kind, confidence, trust, observer_id, valid_from, valid_to, created_at,"
                " base_status, status, version, superseded_by, disputed, dispute_public, feedback_total,"
-               " feedback_positive, feedback_negative, evidence_json, indexed"
+               " feedback_positive, feedback_negative, evidence_json, indexed, prefix_tokens"
                " FROM claims ORDER BY claim_id"),
     ("observations", "SELECT * FROM observations ORDER BY observation_id"),
     ("claim_sources", "SELECT * FROM claim_sources ORDER BY claim_id, observation_id, relation"),

@@ -168,3 +168,25 @@ def test_a_damaged_previous_snapshot_is_not_built_upon(store, tmp_path):
     ids.add(_write(store, "acme", "new"))
     _builder(store, tmp_path).rebuild()
     assert _claim_ids(store, tmp_path) == ids
+
+
+def test_a_snapshot_of_another_schema_version_is_replayed_not_extended(store, tmp_path, monkeypatch):
+    import core.rebuild
+    ids = {_write(store, "acme", f"fact {i}") for i in range(4)}
+    _builder(store, tmp_path).rebuild()
+    monkeypatch.setattr(core.rebuild, "SCHEMA_VERSION", 99)
+    monkeypatch.setattr(core.rebuild, "DDL", core.rebuild.DDL)
+    result = _builder(store, tmp_path).rebuild(force=True)
+    assert result.entries_applied == 4 and result.generation == 2
+    assert _claim_ids(store, tmp_path) == ids
+
+
+def test_a_reader_refuses_a_generation_of_another_schema_version(store, tmp_path, monkeypatch):
+    import core.snapshot
+    from core.snapshot import SnapshotReader
+    _write(store, "acme", "fact")
+    _builder(store, tmp_path).rebuild()
+    monkeypatch.setattr(core.snapshot, "SCHEMA_VERSION", 99)
+    reader = SnapshotReader(store, str(tmp_path / "cache"), ttl_seconds=0)
+    assert reader.current("acme") is None
+    assert "schema version" in reader.status("acme")["last_refresh_error"]

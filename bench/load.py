@@ -1,0 +1,240 @@
+"""Load path: build organizations from the reference workload through the real CLI.
+
+    .venv/bin/python bench/load.py                              # 1000,10000,50000,100000,342000
+    .venv/bin/python bench/load.py --sizes 1000000 --no-incremental
+
+For each size n: wipe ``bench/.data/n<n>/``, write the first n corpus claims
+as NDJSON observation bodies (``bench/corpus.py``: same rule, same bodies as
+the other benches), then run, as subprocesses, exactly what an operator runs:
+
+    .venv/bin/titen import FILE --org bench --data-dir DIR      (batches of 500)
+    .venv/bin/titen rebuild --org bench --data-dir DIR          (from empty: no snapshot yet)
+
+and report the wall seconds of each command (interpreter start-up included),
+the rebuild's own ``seconds`` (its JSON line), and the snapshot bytes. The
+finished store is left in place with a ``.bench-build.json`` record in the
+format ``bench/corpus.py`` writes, so ``bench/compile.py`` and
+``bench/http.py`` reuse it instead of building again.
+
+Then the incremental rebuild (unless ``--no-incremental``): the 342k
+organization (``--incremental-base``) is hard-link copied (``cp -al``; store
+objects are immutable, every write is a new inode) to
+``bench/.data/incr-n<n>/``, 100 new observations with claims (corpus claims
+n..n+99) are imported with ``--batch-size 1`` — 100 separate ledger entries —
+and ``titen rebuild --org bench`` is timed: previous snapshot + 100 entries →
+new generation. The copy is deleted afterwards.
+
+Targets (issue): rebuild of 50k from an empty snapshot <= 30 s; incremental
+100 entries on 342k <= 5 s. Results are printed and merged (by size) into
+``bench/results/load.json``. ``--reuse`` reports a finished earlier CLI build
+of a size instead of building it again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import corpus  # noqa: E402
+
+TITEN = str(corpus.ROOT / ".venv" / "bin" / "titen")
+RESULTS_FILE = corpus.RESULTS_DIR / "load.json"
+DEFAULT_SIZES = "1000,10000,50000,100000,342000"
+TARGETS = {"rebuild_50k_s": 30.0, "incremental_100_on_342k_s": 5.0}
+
+
+def _titen(*args: str) -> tuple[float, list[dict], str]:
+    """Run the CLI; (wall seconds, JSON lines printed on stdout, stderr tail)."""
+    t0 = time.perf_counter()
+    proc = subprocess.run([TITEN, *args], cwd=corpus.ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+        raise SystemExit(f"titen {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return wall, lines, proc.stderr[-500:]
+
+
+def write_ndjson(path: Path, n: int, start: int = 0) -> float:
+    t0 = time.perf_counter()
+    subject = corpus.load_workload()["subject_id"]
+    with open(path, "w", encoding="utf-8") as f:
+        for claim in corpus.generate(n, start):
+            f.write(json.dumps(corpus.to_observation(claim, subject), separators=(",", ":")) + "\n")
+    return time.perf_counter() - t0
+
+
+def dir_bytes(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def build_size(n: int, *, reuse: bool, progress=corpus._log) -> dict:
+    directory = corpus.store_dir(n)
+    record_path = directory / corpus.BUILD_RECORD
+    with corpus._build_lock(directory):
+        if reuse and record_path.exists():
+            record = json.loads(record_path.read_text())
+            if record.get("via") == "titen-cli" and record.get("n") == n:
+                progress(f"load n={n}: reusing the CLI build of {record.get('built_at')}")
+                return {**record, "reused": True}
+        progress(f"load n={n}: wiping {directory}")
+        for child in directory.iterdir():
+            if child.name != ".bench-build.lock":
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+        ndjson = directory / "import.ndjson"
+        write_s = write_ndjson(ndjson, n)
+        progress(f"load n={n}: titen import ({ndjson.stat().st_size / 1e6:.1f} MB NDJSON)")
+        load_before = os.getloadavg()[0]
+        import_s, out, _ = _titen("import", str(ndjson), "--org", corpus.ORG, "--data-dir", str(directory))
+        summary = out[-1]
+        progress(f"load n={n}: import {import_s:.1f}s; titen rebuild")
+        rebuild_s, out, _ = _titen("rebuild", "--org", corpus.ORG, "--data-dir", str(directory))
+        result = out[-1]
+        load_after = os.getloadavg()[0]
+        assert result["claim_count"] == n and result["published"], result
+        progress(f"load n={n}: rebuild {rebuild_s:.1f}s, snapshot {result['snapshot_bytes'] / 1e6:.1f} MB")
+        record = {"format": corpus.BUILD_FORMAT, "n": n, "org_id": corpus.ORG, "via": "titen-cli",
+                  "built_at": corpus._now(), "snapshot_code": corpus.snapshot_code_fingerprint(),
+                  "rebuild_from_scratch": False, "write_ndjson_s": round(write_s, 3),
+                  "ndjson_bytes": ndjson.stat().st_size,
+                  "import_s": round(import_s, 3), "rebuild_s": round(rebuild_s, 3),
+                  "rebuild_internal_s": round(result["seconds"], 3), "build_s": round(import_s + rebuild_s, 3),
+                  "import": summary, "claim_count": result["claim_count"],
+                  "entries_applied": result["entries_applied"], "content_hash": result["content_hash"],
+                  "snapshot_bytes": result["snapshot_bytes"], "generation": result["generation"],
+                  "claims_per_s_import": round(n / import_s), "loadavg_1m": [round(load_before, 2),
+                                                                               round(load_after, 2)]}
+        ndjson.unlink()
+        record["store_bytes"] = dir_bytes(directory)
+        record_path.write_text(json.dumps(record, indent=1))
+        return {**record, "reused": False}
+
+
+def incremental(base_n: int, entries: int = 100, progress=corpus._log) -> dict:
+    base = corpus.store_dir(base_n)
+    if not (base / corpus.BUILD_RECORD).exists():
+        raise SystemExit(f"incremental: no finished build of {base_n} in {base}; run with --sizes {base_n}")
+    copy = corpus.DATA_DIR / f"incr-n{base_n}"
+    if copy.exists():
+        shutil.rmtree(copy)
+    copy.mkdir(parents=True)
+    with corpus._build_lock(base):
+        for child in base.iterdir():
+            if child.name in ("cache", ".bench-build.lock", "import.ndjson"):
+                continue
+            subprocess.run(["cp", "-al", str(child), str(copy / child.name)], check=True)
+    try:
+        ndjson = copy / "incremental.ndjson"
+        write_ndjson(ndjson, base_n + entries, start=base_n)
+        progress(f"incremental: {entries} entries (titen import --batch-size 1) onto the {base_n:,} store copy")
+        import_s, out, _ = _titen("import", str(ndjson), "--org", corpus.ORG, "--batch-size", "1",
+                                  "--data-dir", str(copy))
+        assert out[-1]["batches_written"] == entries, out
+        load_before = os.getloadavg()[0]
+        rebuild_s, out, _ = _titen("rebuild", "--org", corpus.ORG, "--data-dir", str(copy))
+        load_after = os.getloadavg()[0]
+        result = out[-1]
+        assert result["entries_applied"] == entries and result["claim_count"] == base_n + entries, result
+        progress(f"incremental: rebuild {rebuild_s:.2f}s (internal {result['seconds']:.2f}s)")
+        return {"base_claims": base_n, "entries": entries, "import_s": round(import_s, 3),
+                "rebuild_s": round(rebuild_s, 3), "rebuild_internal_s": round(result["seconds"], 3),
+                "entries_applied": result["entries_applied"], "claim_count": result["claim_count"],
+                "snapshot_bytes": result["snapshot_bytes"], "generation": result["generation"],
+                "loadavg_1m": [round(load_before, 2), round(load_after, 2)],
+                "measured_at": corpus._now()}
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+
+
+def _table(head, rows) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    line = lambda cells: "  ".join(str(c).rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+    print(line(head))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print(line(row))
+
+
+def print_tables(builds: list[dict], incr: dict | None) -> None:
+    import apsw
+    print(f"\nLoad through the CLI (titen import, batches of 500; titen rebuild from empty); python "
+          f"{platform.python_version()}, SQLite {apsw.sqlite_lib_version()}, {os.cpu_count()} CPUs")
+    head = ("claims", "import s", "claims/s", "rebuild s", "(internal)", "snapshot MB", "store MB", "load 1m")
+    rows = []
+    for b in builds:
+        mark = "*" if b.get("reused") else ""
+        rows.append((f"{b['n']:,}", f"{b['import_s']:.1f}{mark}", f"{b['claims_per_s_import']:,}",
+                     f"{b['rebuild_s']:.1f}{mark}", f"{b['rebuild_internal_s']:.1f}",
+                     f"{b['snapshot_bytes'] / 1e6:.1f}", f"{b['store_bytes'] / 1e6:.0f}",
+                     "{:.1f}->{:.1f}".format(*b["loadavg_1m"])))
+    _table(head, rows)
+    if any(b.get("reused") for b in builds):
+        print("* reused (--reuse): the figure is from the earlier run that built the store")
+    fifty = next((b for b in builds if b["n"] == 50000), None)
+    if fifty:
+        ok = fifty["rebuild_s"] <= TARGETS["rebuild_50k_s"]
+        print(f"target: rebuild 50k from empty <= {TARGETS['rebuild_50k_s']:.0f} s: {fifty['rebuild_s']:.1f} s "
+              f"{'MET' if ok else 'MISSED'}")
+    if incr:
+        ok = incr["rebuild_s"] <= TARGETS["incremental_100_on_342k_s"]
+        print(f"\nIncremental: {incr['entries']} single-observation ledger entries (titen import --batch-size 1, "
+              f"{incr['import_s']:.1f} s) onto {incr['base_claims']:,} claims, then titen rebuild: "
+              f"{incr['rebuild_s']:.2f} s wall ({incr['rebuild_internal_s']:.2f} s internal), "
+              f"{incr['entries_applied']} entries applied, snapshot {incr['snapshot_bytes'] / 1e6:.1f} MB, "
+              f"load {incr['loadavg_1m'][0]:.1f}->{incr['loadavg_1m'][1]:.1f}; target <= "
+              f"{TARGETS['incremental_100_on_342k_s']:.0f} s: {'MET' if ok else 'MISSED'}")
+    print()
+
+
+def write_results(builds: list[dict], incr: dict | None, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        existing = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        existing = {}
+    by_size = {r["n"]: r for r in existing.get("builds", [])}
+    for b in builds:
+        by_size[b["n"]] = b
+    doc = {"bench": "load", "updated_at": corpus._now(), "targets": TARGETS,
+           "python": platform.python_version(), "cpus": os.cpu_count(),
+           "builds": [by_size[k] for k in sorted(by_size)],
+           "incremental": incr or existing.get("incremental")}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"comma list (default {DEFAULT_SIZES}; 1000000 optional)")
+    parser.add_argument("--reuse", action="store_true", help="report an earlier CLI build instead of building again")
+    parser.add_argument("--no-incremental", action="store_true")
+    parser.add_argument("--incremental-base", type=int, default=342000)
+    parser.add_argument("--out", default=str(RESULTS_FILE))
+    args = parser.parse_args(argv)
+    load_start = os.getloadavg()
+    builds = [build_size(n, reuse=args.reuse) for n in corpus._sizes(args.sizes)]
+    incr = None if args.no_incremental else incremental(args.incremental_base)
+    print_tables(builds, incr)
+    print(f"load average (1/5/15 min) before {tuple(round(x, 2) for x in load_start)}, "
+          f"after {tuple(round(x, 2) for x in os.getloadavg())}")
+    write_results(builds, incr, Path(args.out))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
