@@ -9,6 +9,23 @@ from core.store_local import LocalStore
 STORE_BACKENDS = ["local", "s3"]
 
 
+def serialize_moto(monkeypatch) -> None:
+    """moto checks If-Match / If-None-Match and then writes without a lock,
+    so racing threads can both "win" (seen ~1 in 4000 two-thread runs; more
+    threads also crash moto). Real S3 evaluates the condition atomically;
+    serialize moto's request handling to model that."""
+    from moto.core.botocore_stubber import BotocoreStubber
+
+    moto_lock = threading.Lock()
+    unlocked = BotocoreStubber.process_request
+
+    def process_request(self, *args, **kwargs):
+        with moto_lock:
+            return unlocked(self, *args, **kwargs)
+
+    monkeypatch.setattr(BotocoreStubber, "process_request", process_request)
+
+
 @pytest.fixture(params=STORE_BACKENDS)
 def store(request, tmp_path, monkeypatch):
     if request.param == "local":
@@ -30,20 +47,7 @@ def store(request, tmp_path, monkeypatch):
         monkeypatch.delenv("AWS_REGION", raising=False)
         monkeypatch.delenv("AWS_PROFILE", raising=False)
         monkeypatch.delenv("TITEN_S3_ENDPOINT_URL", raising=False)
-        # moto checks If-Match / If-None-Match and then writes without a lock,
-        # so racing threads can both "win" (seen ~1 in 4000 two-thread runs;
-        # more threads also crash moto). Real S3 evaluates the condition
-        # atomically; serialize moto's request handling to model that.
-        from moto.core.botocore_stubber import BotocoreStubber
-
-        moto_lock = threading.Lock()
-        unlocked = BotocoreStubber.process_request
-
-        def process_request(self, *args, **kwargs):
-            with moto_lock:
-                return unlocked(self, *args, **kwargs)
-
-        monkeypatch.setattr(BotocoreStubber, "process_request", process_request)
+        serialize_moto(monkeypatch)
         with mock_aws():
             boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="titen-test")
             yield S3Store.from_url("s3://titen-test/pfx")

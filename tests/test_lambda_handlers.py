@@ -17,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import boto3
+from conftest import serialize_moto
 import pytest
 from moto import mock_aws
 
@@ -59,16 +60,7 @@ def lam(tmp_path, monkeypatch):
         monkeypatch.setenv(name, value)
     for name in ("AWS_REGION", "AWS_PROFILE", "TITEN_S3_ENDPOINT_URL", "TITEN_EMBEDDER", "TITEN_DATA_DIR"):
         monkeypatch.delenv(name, raising=False)
-    from moto.core.botocore_stubber import BotocoreStubber
-
-    moto_lock = threading.Lock()
-    unlocked = BotocoreStubber.process_request
-
-    def process_request(self, *args, **kwargs):
-        with moto_lock:
-            return unlocked(self, *args, **kwargs)
-
-    monkeypatch.setattr(BotocoreStubber, "process_request", process_request)
+    serialize_moto(monkeypatch)
     with mock_aws():
         boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
         api = _fresh_import("handler.api")
