@@ -12,7 +12,6 @@ import importlib
 import json
 import logging
 import sys
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
