@@ -88,10 +88,11 @@ class CompileOutcome:
 
 
 class Compiler:
-    def __init__(self, ledger: Ledger, reader: SnapshotReader, vector_state: str = "disabled"):
+    def __init__(self, ledger: Ledger, reader: SnapshotReader, vector_state: str = "disabled", vectors=None):
         self.ledger = ledger
         self.reader = reader
         self.vector_state = vector_state
+        self.vectors = vectors  # core.vectors.VectorSearch when an embedder is configured, else None
 
     def compile(self, principal: Principal, body: dict) -> CompileOutcome:
         principal.require("context:compile")
@@ -112,21 +113,28 @@ class Compiler:
         snapshot = self.reader.current(principal.org_id)
         # 2. candidates
         matches = lexical_candidates(snapshot, scope, plan) if snapshot and plan.match else []
+        vector_state = self.vector_state
+        similar: dict[int, float] = {}
+        if self.vectors is not None and snapshot is not None:
+            similar, vector_state = self._semantic(snapshot, scope, req.task)
         lap("candidates")
-        # 3. hydrate
-        rows = hydrate(snapshot, scope, [rowid for rowid, _ in matches]) if matches else []
+        # 3. hydrate: semantic ids through the same scoped query as lexical ones
+        bm25 = dict(matches)
+        rowids = [rowid for rowid, _ in matches] + [rowid for rowid in similar if rowid not in bm25]
+        rows = hydrate(snapshot, scope, rowids) if rowids else []
         lap("hydrate")
         # 4. rank
-        bm25 = dict(matches)
         by_id = {}
         inputs = []
         for row in rows:
             claim_id = row[COL["claim_id"]]
             by_id[claim_id] = row
+            rowid = row[COL["rowid"]]
             inputs.append(RankInput(claim_id, row[COL["confidence"]], row[COL["trust_level"]],
                                     row[COL["created_s"]], row[COL["feedback_total"]],
                                     row[COL["feedback_positive"]], row[COL["feedback_negative"]],
-                                    disputed_for(principal, row), bm25=bm25[row[COL["rowid"]]]))
+                                    disputed_for(principal, row), bm25=bm25.get(rowid),
+                                    similarity=similar.get(rowid)))
         ranked = rank(inputs, req.at_s)
         lap("rank")
         # 5. pack
@@ -174,8 +182,8 @@ class Compiler:
             picked.pop()
             charged.pop()
         lap("pack")
-        degraded = {"semantic": False, "vector": self.vector_state,
-                    "model": "enabled" if self.vector_state != "disabled" else "disabled"}
+        degraded = {"semantic": False, "vector": vector_state,
+                    "model": "enabled" if self.vectors is not None else "disabled"}
         if req.include_checkpoints:
             degraded["checkpoints"] = "unavailable"
         meta = {"degraded": degraded, "candidates": len(rows), "at": req.at,
@@ -192,6 +200,18 @@ class Compiler:
             "pack": stored}, actor=principal.principal_id, entry_hex=context_hex, suffix=RUN_SUFFIX)
         lap("record")
         return CompileOutcome(data, meta, timings)
+
+    def _semantic(self, snapshot, scope: CompileScope, task: str) -> tuple[dict[int, float], str]:
+        """(rowid → similarity, vector state). Any failure of the embedder or
+        the index — an error, a timeout, a wrong dimension, a snapshot built
+        with another fingerprint — degrades to the lexical result: "error"."""
+        try:
+            return dict(self.vectors.search(snapshot, scope, task)), "used"
+        except Exception as exc:
+            import logging
+            logging.getLogger("titen").warning("vector search degraded to lexical: %s: %s",
+                                               type(exc).__name__, exc)
+            return {}, "error"
 
     @staticmethod
     def _view(snapshot, principal: Principal, row: tuple, disputed: bool) -> "ItemView":

@@ -7,7 +7,8 @@
 | TITEN_SNAPSHOT_TTL | 5 | seconds between checks for a new generation |
 | TITEN_SKEW_SECONDS | 600 | how far behind its watermark a rebuild re-reads the ledger |
 | TITEN_MAX_ORGS | 16 | snapshots held at once (least recently used evicted) |
-| TITEN_EMBEDDER | unset | vector capability; unset means disabled |
+| TITEN_EMBEDDER | unset | vector capability; unset means disabled (see core.embedding) |
+| TITEN_EMBED_TIMEOUT_MS | 2000 | how long compile waits for the task's embedding before going lexical |
 | TITEN_REBUILD_FUNCTION | unset | on Lambda: the rebuild function POST /v1/admin/rebuild invokes |
 """
 
@@ -26,6 +27,7 @@ class Settings:
     max_orgs: int
     embedder: str | None
     rebuild_function: str | None = None
+    embed_timeout_ms: int = 2000
 
     @classmethod
     def from_env(cls, *, data_dir: str | None = None, store_url: str | None = None,
@@ -46,4 +48,5 @@ class Settings:
                    skew_seconds=int(env.get("TITEN_SKEW_SECONDS") or 600),
                    max_orgs=int(env.get("TITEN_MAX_ORGS") or 16),
                    embedder=env.get("TITEN_EMBEDDER") or None,
-                   rebuild_function=env.get("TITEN_REBUILD_FUNCTION") or None)
+                   rebuild_function=env.get("TITEN_REBUILD_FUNCTION") or None,
+                   embed_timeout_ms=int(env.get("TITEN_EMBED_TIMEOUT_MS") or 2000))

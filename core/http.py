@@ -94,14 +94,17 @@ def create_app(service: Service) -> Starlette:
         states = [service.reader.status(o) for o in orgs]
         loaded = [s for s in states if s["generation"]]
         newest = max(loaded, key=lambda s: s["generation"], default=None)
+        vector_state, vector_error = service.vector_status(orgs)
         data = {"status": "ready",
                 "generation": newest["generation"] if newest else 0,
                 "generation_age_seconds": newest["generation_age_seconds"] if newest else None,
                 "claim_count": sum(s["claim_count"] for s in states),
-                "vector": service.vector_state,
+                "vector": vector_state,
                 "organizations": len(loaded),
                 "last_refresh_error": next((s["last_refresh_error"] for s in states
                                             if s["last_refresh_error"]), None)}
+        if vector_error:
+            data["vector_error"] = vector_error
         return 200, data, {}
 
     @endpoint(service, body=True)

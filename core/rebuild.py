@@ -110,8 +110,11 @@ class SnapshotBuilder:
     def __init__(self, store: Store, org_id: str, *, work_dir: str | None = None,
                  skew_seconds: int = DEFAULT_SKEW_SECONDS,
                  progress: Callable[[str], None] | None = None,
-                 before_publish: Callable[[], None] | None = None):
+                 before_publish: Callable[[], None] | None = None,
+                 embedder=None):
         self.store = store
+        self.embedder = embedder  # None: no vector index (and nothing vector-related imported)
+        self.vector_stats = None  # core.vectors.SyncStats of the last build, when vectors are on
         self.org_id = org_id
         self.ledger = Ledger(store)
         self.work_dir = work_dir or tempfile.gettempdir()
@@ -130,7 +133,8 @@ class SnapshotBuilder:
             db = self._open_work(work, None if from_scratch else pointer)
             try:
                 applied = self._apply_new_entries(db)
-                if pointer is not None and applied == 0 and not from_scratch and not force:
+                if (pointer is not None and applied == 0 and not from_scratch and not force
+                        and self._vectors_current(pointer)):
                     return RebuildResult(self.org_id, pointer["generation"], False, 0,
                                          pointer["content_hash"], pointer["claim_count"],
                                          pointer["bytes"], time.monotonic() - started,
@@ -144,12 +148,26 @@ class SnapshotBuilder:
                 self.progress(f"{self.org_id}: hashing content")
                 digest = content_hash(db)
                 claim_count = db.execute("SELECT count(*) FROM claims").fetchone()[0]
+                vector = None
+                if self.embedder is not None:
+                    # outside the content hash: derived, and a failure here
+                    # still publishes the lexical snapshot (meta says why)
+                    from core.vectors import seed_embed_cache, sync_vectors
+                    if pointer is not None and self._meta(db, "vector_fingerprint") is None:
+                        # a replay from empty: reuse the previous generation's embeddings
+                        seed_embed_cache(db, self.store, pointer["snapshot_key"], self.work_dir, self.progress)
+                    self.vector_stats = sync_vectors(db, self.embedder, self.progress)
+                    vector = self._vector_record("error" if self.vector_stats.error else "ok")
+                elif self._meta(db, "vector_status") is not None:
+                    # an index carried over from a build with an embedder misses
+                    # this build's claims: no reader may trust it as complete
+                    self._set_meta(db, vector_status="stale", vector_error="built without an embedder")
                 self._set_meta(db, generation=generation, content_hash=digest,
                                built_at=canonical(now_utc()), claim_count=claim_count)
                 db.execute("PRAGMA optimize")
             finally:
                 db.close()
-            key, size = self._publish(work, generation, digest, claim_count, pointer, etag)
+            key, size = self._publish(work, generation, digest, claim_count, pointer, etag, vector)
             return RebuildResult(self.org_id, generation, True, applied, digest, claim_count, size,
                                  time.monotonic() - started, key)
         finally:
@@ -226,8 +244,19 @@ class SnapshotBuilder:
 
     # -- publish -------------------------------------------------------------
 
+    def _vectors_current(self, pointer: dict) -> bool:
+        """Whether the published generation already has this embedder's
+        complete vector index (else a rebuild with no new entries still runs)."""
+        if self.embedder is None:
+            return True
+        return pointer.get("vector") == self._vector_record("ok")
+
+    def _vector_record(self, status: str) -> dict:
+        from core.vectors import INDEX_LAYOUT
+        return {"fingerprint": self.embedder.fingerprint.key(), "layout": INDEX_LAYOUT, "status": status}
+
     def _publish(self, work: str, generation: int, digest: str, claim_count: int,
-                 pointer: dict | None, etag: str | None) -> tuple[str, int]:
+                 pointer: dict | None, etag: str | None, vector: dict | None = None) -> tuple[str, int]:
         sha = file_sha256(work)
         size = os.path.getsize(work)
         key = f"orgs/{self.org_id}/snapshots/{generation:012d}-{secrets.token_hex(4)}.sqlite"
@@ -238,6 +267,8 @@ class SnapshotBuilder:
         record = {"org_id": self.org_id, "generation": generation, "snapshot_key": key,
                   "sha256": sha, "bytes": size, "content_hash": digest, "claim_count": claim_count,
                   "published_at": canonical(now_utc()), "history": history}
+        if vector is not None:
+            record["vector"] = vector
         body = json.dumps(record, indent=1).encode()
         try:
             if self.before_publish:

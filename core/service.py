@@ -27,17 +27,36 @@ AUTO_REBUILD_DELAY = 0.25
 
 
 class Service:
-    def __init__(self, settings: Settings, *, auto_rebuild: bool = False, store=None):
+    def __init__(self, settings: Settings, *, auto_rebuild: bool = False, store=None, embedder=None):
         self.settings = settings
         self.store = store or open_store(settings.store_url)
         self.ledger = Ledger(self.store)
         self.keys = KeyRing(self.store)
-        self.reader = SnapshotReader(self.store, settings.cache_dir, settings.snapshot_ttl, settings.max_orgs)
-        self.vector_state = "disabled"  # no vector capability is configured or loaded
+        # The vector path exists only when configured: otherwise nothing
+        # vector-related is imported or loaded and compile says "disabled".
+        self.embedder = embedder
+        self.vectors = None
+        on_open = None
+        if self.embedder is None and settings.embedder:
+            from core.embedding import from_spec
+            self.embedder = from_spec(settings.embedder)
+        if self.embedder is not None:
+            from core.vectors import VectorSearch, load_sqlite_vec
+            self.vectors = VectorSearch(self.embedder, settings.embed_timeout_ms / 1000)
+
+            def on_open(db):
+                try:
+                    load_sqlite_vec(db)
+                except Exception:  # served lexical-only; compile says vector "error"
+                    import logging
+                    logging.getLogger("titen").exception("loading sqlite-vec failed")
+        self.vector_state = "used" if self.vectors is not None else "disabled"
+        self.reader = SnapshotReader(self.store, settings.cache_dir, settings.snapshot_ttl, settings.max_orgs,
+                                     on_open=on_open)
         self.auto_rebuild = auto_rebuild
         on_write = self._schedule_rebuild if auto_rebuild else None
         self.writes = Writes(self.store, self.reader, on_write)
-        self.compiler = Compiler(self.ledger, self.reader, self.vector_state)
+        self.compiler = Compiler(self.ledger, self.reader, self.vector_state, self.vectors)
         self.feedback = FeedbackDesk(self.ledger, self.compiler, on_write)
         self._rebuild_locks: dict[str, threading.Lock] = {}
         self._timers: dict[str, threading.Timer] = {}
@@ -45,7 +64,8 @@ class Service:
 
     def builder(self, org_id: str, progress=None) -> SnapshotBuilder:
         return SnapshotBuilder(self.store, org_id, work_dir=os.path.join(self.settings.cache_dir, "build"),
-                               skew_seconds=self.settings.skew_seconds, progress=progress)
+                               skew_seconds=self.settings.skew_seconds, progress=progress,
+                               embedder=self.embedder)
 
     def rebuild(self, org_id: str, *, from_scratch: bool = False, force: bool = False,
                 progress=None) -> RebuildResult:
@@ -64,6 +84,18 @@ class Service:
                         raise Conflict("another rebuild of this organization published first; retry") from None
             self.reader.refresh(org_id, force=True)
             return result
+
+    def vector_status(self, org_ids: list[str]) -> tuple[str, str | None]:
+        """(/readyz vector state, reason): disabled; enabled; or error when a
+        loaded snapshot's vectors cannot serve the configured embedder."""
+        if self.vectors is None:
+            return "disabled", None
+        for org_id in org_ids:
+            snapshot = self.reader.current(org_id)
+            problem = self.vectors.problem(snapshot) if snapshot is not None else None
+            if problem:
+                return "error", f"{org_id}: {problem}"
+        return "enabled", None
 
     def _rebuild_remotely(self, org_id: str, from_scratch: bool) -> RebuildResult:
         """On Lambda the API may not write snapshots (least privilege): it asks

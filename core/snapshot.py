@@ -36,6 +36,7 @@ class Snapshot:
     db: apsw.Connection
     watermark: str
     item_views: dict = field(default_factory=dict)  # claim_id -> compile's per-generation item view
+    meta: dict = field(default_factory=dict)  # the snapshot's meta table
 
     @property
     def claim_count(self) -> int:
@@ -55,17 +56,20 @@ class _OrgState:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def open_readonly(path: str) -> apsw.Connection:
+def open_readonly(path: str, on_open=None) -> apsw.Connection:
     db = apsw.Connection(f"file:{path}?immutable=1",
                          flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
     db.execute("PRAGMA cache_size=-32768; PRAGMA temp_store=MEMORY")
+    if on_open is not None:
+        on_open(db)  # e.g. load sqlite-vec, only when vectors are configured
     return db
 
 
 class SnapshotReader:
     def __init__(self, store: Store, cache_dir: str, ttl_seconds: float = 5.0,
-                 max_organizations: int = 16):
+                 max_organizations: int = 16, on_open=None):
         self.store = store
+        self.on_open = on_open
         self.cache_dir = cache_dir
         self.ttl = ttl_seconds
         self.max_organizations = max_organizations
@@ -148,7 +152,7 @@ class SnapshotReader:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-        db = open_readonly(final)
+        db = open_readonly(final, self.on_open)
         meta = dict(db.execute("SELECT key, value FROM meta"))
         if int(meta.get("schema_version", 0)) != SCHEMA_VERSION:
             db.close()
@@ -157,7 +161,7 @@ class SnapshotReader:
                 f"generation {generation} refused: schema version {meta.get('schema_version')} is not "
                 f"{SCHEMA_VERSION}; the next rebuild replays the ledger into the current schema")
         watermark = meta["watermark"]
-        return Snapshot(org_id, generation, pointer, final, db, watermark)
+        return Snapshot(org_id, generation, pointer, final, db, watermark, meta=meta)
 
     @staticmethod
     def _discard(snapshot: Snapshot) -> None:
