@@ -10,7 +10,10 @@ indistinguishable from one that does not exist.
 from __future__ import annotations
 
 import json
+from array import array
 from dataclasses import dataclass
+
+import apsw
 
 from core.keys import Principal
 from core.lexical import top_candidates
@@ -71,9 +74,10 @@ def hydrate(snapshot: Snapshot, scope: CompileScope, rowids: list[int]) -> list[
     if not rowids:
         return []
     where, params = scope.where()
-    marks = ",".join("?" * len(rowids))
-    sql = f"SELECT {CLAIM_COLUMNS} FROM claims c WHERE c.rowid IN ({marks}) AND {where}"
-    return list(snapshot.db.execute(sql, [*rowids, *params]))
+    # ids bound as one carray: the planner then always reads claims by rowid
+    # (with a literal IN list it may walk the subject's scope index instead)
+    sql = f"SELECT {CLAIM_COLUMNS} FROM claims c WHERE c.rowid IN carray(?) AND {where}"
+    return list(snapshot.db.execute(sql, [apsw.carray(array("q", rowids)), *params]))
 
 
 def disputed_for(principal: Principal, row: tuple) -> bool:
