@@ -1,0 +1,306 @@
+"""Compile latency over HTTP: ``titen serve`` on loopback, concurrency 1.
+
+    .venv/bin/python bench/compile_http.py                # 1000,10000,50000 (+ 100k/342k if built)
+    .venv/bin/python bench/compile_http.py --sizes 50000,342000
+
+(Not ``bench/http.py``: ``python bench/<script>.py`` puts bench/ first on
+``sys.path``, where a file named ``http.py`` shadows the standard library's
+``http`` package for every bench script — starlette's ``import http.client``
+then fails.)
+
+For each size: build or reuse ``bench/.data/n<n>`` (``bench/corpus.py``; the
+stores ``bench/load.py`` builds through the CLI are reused as they are),
+create a key with ``titen keys create --org bench --principal bench --scopes
+context:compile --json``, start ``.venv/bin/titen serve --port P --data-dir
+DIR`` as a subprocess, wait for ``/readyz``, and replay the workload — 20
+warm-up, then 200 measured compiles with ``max_tokens`` 1200 — one at a time
+over ONE persistent keep-alive connection (``http.client.HTTPConnection``).
+Each request's client-side wall time (send → last byte read,
+``time.perf_counter``) is one sample. At the end the server's peak resident
+memory (``VmHWM`` in ``/proc/<pid>/status``) is read and the server stopped.
+
+Then, in this process with the server gone, the bare FTS5 candidate query
+(``core.retrieval.fts_candidates``: same snapshot file, same principal, same
+scope from ``CompileScope.where()``, same MATCH expression) runs for the same
+200 tasks after the same warm-up, and the HTTP compile p95 is divided by its
+p95. ``step p95`` is the candidate step compile actually runs
+(``core.retrieval.lexical_candidates``).
+
+Printed beside the reference (TypeScript server, same workload, HTTP loopback,
+concurrency 1: 13.0 / 62.6 / 255 ms p95) and the issue's targets (p95 <= 3 /
+8 / 25 ms at 1k / 10k / 50k; at >= 50k, p95 <= 1.5x the bare query's p95;
+peak RSS at 50k <= 100 MiB). Results are merged (by size) into
+``bench/results/compile-http.json``.
+
+Each compile records a context run in the store's ledger, as in production.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import argparse  # noqa: E402
+import http.client  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from bench import corpus  # noqa: E402
+from bench.compile import REFERENCE, percentile, summary_ms  # noqa: E402
+
+TITEN = str(corpus.ROOT / ".venv" / "bin" / "titen")
+RESULTS_FILE = corpus.RESULTS_DIR / "compile-http.json"
+DEFAULT_SIZES = (1000, 10000, 50000)
+OPTIONAL_SIZES = (100000, 342000)  # added by default when already built (1M: --sizes)
+TARGET_P95_MS = {1000: 3.0, 10000: 8.0, 50000: 25.0}
+TARGET_RATIO = 1.5       # HTTP compile p95 / bare FTS5 query p95, at >= 50k
+TARGET_RSS_MIB = 100.0   # peak server RSS at 50k
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def proc_status(pid: int) -> dict:
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("VmHWM:", "VmRSS:")):
+                key, value = line.split(":", 1)
+                out[key] = round(int(value.split()[0]) / 1024, 1)  # kB → MiB
+    return out
+
+
+def wait_ready(port: int, server: subprocess.Popen, timeout: float = 600.0) -> float:
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        if server.poll() is not None:
+            raise SystemExit(f"titen serve exited with {server.returncode}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/readyz")
+            resp = conn.getresponse()
+            resp.read()
+            conn.close()
+            if resp.status == 200:
+                return time.perf_counter() - t0
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"titen serve not ready after {timeout:.0f} s")
+
+
+def run_size(n: int, workload: dict, *, progress=corpus._log) -> dict:
+    build = corpus.build_org(None, n, progress=progress)
+    directory = Path(build["data_dir"])
+    cache = directory / "cache"
+    before_cache = set(os.listdir(cache)) if cache.exists() else set()
+    key = json.loads(subprocess.run(
+        [TITEN, "keys", "create", "--org", corpus.ORG, "--principal", "bench", "--scopes", "context:compile",
+         "--json", "--data-dir", str(directory)], check=True, capture_output=True, text=True).stdout)
+    port = free_port()
+    log = open(directory / f".serve-{port}.log", "w")
+    load_before = os.getloadavg()
+    server = subprocess.Popen([TITEN, "serve", "--port", str(port), "--data-dir", str(directory)],
+                              stdout=log, stderr=subprocess.STDOUT, cwd=corpus.ROOT)
+    try:
+        startup_s = wait_ready(port, server)
+        progress(f"http n={n}: server pid {server.pid} ready on :{port} after {startup_s:.1f}s")
+        headers = {"authorization": f"Bearer {key['api_key']}", "content-type": "application/json"}
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        subject, max_tokens = workload["subject_id"], workload["max_tokens"]
+
+        def compile_one(task: str) -> tuple[float, dict]:
+            body = json.dumps({"subject_id": subject, "task": task, "max_tokens": max_tokens})
+            t0 = time.perf_counter()
+            conn.request("POST", "/v1/context/compile", body, headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+            wall = time.perf_counter() - t0
+            if resp.status != 200:
+                raise SystemExit(f"http n={n}: HTTP {resp.status}: {raw[:500]!r}")
+            if resp.getheader("connection", "").lower() == "close":
+                raise SystemExit("the server closed the keep-alive connection")
+            return wall, json.loads(raw)
+
+        for task in workload["warmup_tasks"]:
+            compile_one(task)
+        walls, items, candidates = [], [], []
+        for task in workload["tasks"]:
+            wall, doc = compile_one(task)
+            walls.append(wall)
+            items.append(len(doc["data"]["items"]))
+            candidates.append(doc["meta"]["candidates"])
+        conn.close()
+        memory = proc_status(server.pid)
+        generation = doc["meta"].get("generation")
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+    load_after = os.getloadavg()
+    # the server's snapshot copies in the cache: it never deletes them on exit
+    if cache.exists():
+        for name in set(os.listdir(cache)) - before_cache:
+            path = cache / name
+            if path.is_file() and name.endswith(".sqlite"):
+                path.unlink()
+    progress(f"http n={n}: bare FTS5 candidate queries (server stopped)")
+    fts, step = bare_queries(directory, key["api_key"], workload)
+    compile_summary = summary_ms(walls)
+    fts_summary = summary_ms(fts)
+    return {
+        "claims": n, "measured_at": corpus._now(),
+        "build": {k: build.get(k) for k in ("via", "cached", "import_s", "rebuild_s", "snapshot_bytes",
+                                             "claim_count", "generation", "data_dir")},
+        "server_startup_s": round(startup_s, 2),
+        "compile_http": {**compile_summary, "mean_items": round(statistics.fmean(items), 2),
+                         "mean_candidates": round(statistics.fmean(candidates), 2),
+                         "min_candidates": min(candidates), "generation": generation},
+        "server_memory_mib": {"peak_rss": memory.get("VmHWM"), "rss_at_end": memory.get("VmRSS")},
+        "fts_candidates": fts_summary,
+        "candidate_step": summary_ms(step),
+        "ratio_p95_http_to_fts": round(compile_summary["p95_ms"] / fts_summary["p95_ms"], 2),
+        "loadavg": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after]},
+        "reference_ts_http": REFERENCE.get(n),
+        "target_p95_ms": TARGET_P95_MS.get(n),
+    }
+
+
+def bare_queries(directory: Path, api_key: str, workload: dict) -> tuple[list[float], list[float]]:
+    """The 200 tasks through fts_candidates and lexical_candidates, on the
+    published snapshot file itself (opened read-only, immutable)."""
+    from core.instants import canonical, now_utc
+    from core.keys import KeyRing
+    from core.planning import plan_query
+    from core.rebuild import read_pointer
+    from core.retrieval import CompileScope, fts_candidates, lexical_candidates
+    from core.snapshot import Snapshot, open_readonly
+    from core.store_local import LocalStore
+
+    store = LocalStore(str(directory))
+    pointer, _ = read_pointer(store, corpus.ORG)
+    path = store._path(pointer["snapshot_key"])
+    db = open_readonly(path)
+    try:
+        snapshot = Snapshot(corpus.ORG, pointer["generation"], pointer, path, db, "")
+        principal = KeyRing(store).authenticate("Bearer " + api_key)
+        scope = CompileScope(principal, workload["subject_id"], None, canonical(now_utc()))
+        where, params = scope.where()
+        for task in workload["warmup_tasks"]:
+            plan = plan_query(task)
+            if plan.match:
+                fts_candidates(db, where, params, plan.match)
+                lexical_candidates(snapshot, scope, plan)
+        fts, step = [], []
+        for task in workload["tasks"]:
+            plan = plan_query(task)
+            t0 = time.perf_counter()
+            rows = fts_candidates(db, where, params, plan.match) if plan.match else []
+            fts.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            fast = lexical_candidates(snapshot, scope, plan) if plan.match else []
+            step.append(time.perf_counter() - t0)
+            assert fast == rows, "the candidate step must equal the FTS5 query"
+    finally:
+        db.close()
+    return fts, step
+
+
+def _table(head, rows) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    line = lambda cells: "  ".join(str(c).rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+    print(line(head))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print(line(row))
+
+
+def print_tables(results: list[dict]) -> None:
+    import apsw
+    print(f"\nCompile over HTTP (titen serve, uvicorn, loopback, concurrency 1, one keep-alive connection): "
+          f"max_tokens 1200, 200 tasks after 20 warm-up; python {platform.python_version()}, "
+          f"SQLite {apsw.sqlite_lib_version()}, {os.cpu_count()} CPUs")
+    head = ("claims", "p50 ms", "p95 ms", "p99 ms", "items", "cands", "FTS p95", "step p95", "p95/FTS",
+            "peak RSS MiB", "ref p95", "x ref", "target p95", "load 1m")
+    rows = []
+    for r in results:
+        c, ref, target = r["compile_http"], r["reference_ts_http"], r["target_p95_ms"]
+        ratio = r["ratio_p95_http_to_fts"]
+        rows.append((f"{r['claims']:,}", f"{c['p50_ms']:.1f}", f"{c['p95_ms']:.1f}", f"{c['p99_ms']:.1f}",
+                     f"{c['mean_items']:.1f}", f"{c['mean_candidates']:.0f}",
+                     f"{r['fts_candidates']['p95_ms']:.1f}", f"{r['candidate_step']['p95_ms']:.1f}",
+                     f"{ratio:.2f}x", f"{r['server_memory_mib']['peak_rss']:.0f}",
+                     f"{ref['p95_ms']}" if ref else "-",
+                     f"{ref['p95_ms'] / c['p95_ms']:.1f}x" if ref else "-",
+                     (f"<={target:g} " + ("MET" if c["p95_ms"] <= target else "MISSED")) if target else "-",
+                     "{:.1f}->{:.1f}".format(r["loadavg"]["before"][0], r["loadavg"]["after"][0])))
+    _table(head, rows)
+    for r in results:
+        if r["claims"] >= 50000:
+            ok = r["ratio_p95_http_to_fts"] <= TARGET_RATIO
+            print(f"target at {r['claims']:,}: HTTP p95 <= {TARGET_RATIO}x bare FTS5 p95: "
+                  f"{r['ratio_p95_http_to_fts']:.2f}x {'MET' if ok else 'MISSED'}")
+        if r["claims"] == 50000:
+            rss = r["server_memory_mib"]["peak_rss"]
+            print(f"target at 50,000: peak server RSS <= {TARGET_RSS_MIB:.0f} MiB: {rss:.0f} MiB "
+                  f"{'MET' if rss <= TARGET_RSS_MIB else 'MISSED'}")
+    print("ref = the TypeScript reference server, same workload, HTTP loopback, concurrency 1; "
+          "x ref = ref p95 / our p95\n")
+
+
+def write_results(results: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        existing = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        existing = {}
+    by_size = {r["claims"]: r for r in existing.get("results", [])}
+    for r in results:
+        by_size[r["claims"]] = r
+    doc = {"bench": "compile-http", "updated_at": corpus._now(), "python": platform.python_version(),
+           "cpus": os.cpu_count(), "targets": {"p95_ms": TARGET_P95_MS, "ratio_at_50k_and_up": TARGET_RATIO,
+                                               "peak_rss_mib_at_50k": TARGET_RSS_MIB},
+           "results": [by_size[k] for k in sorted(by_size)]}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def default_sizes() -> list[int]:
+    built = [n for n in OPTIONAL_SIZES if (corpus.store_dir(n) / corpus.BUILD_RECORD).exists()]
+    return [*DEFAULT_SIZES, *built]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default=None,
+                        help="comma list (default 1000,10000,50000 plus 100000/342000 when built)")
+    parser.add_argument("--out", default=str(RESULTS_FILE))
+    args = parser.parse_args(argv)
+    sizes = corpus._sizes(args.sizes) if args.sizes else default_sizes()
+    workload = corpus.load_workload()
+    start = os.getloadavg()
+    results = [run_size(n, workload) for n in sizes]
+    print_tables(results)
+    print(f"load average (1/5/15 min) before {tuple(round(x, 2) for x in start)}, "
+          f"after {tuple(round(x, 2) for x in os.getloadavg())}")
+    write_results(results, Path(args.out))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
