@@ -27,6 +27,9 @@ from core.snapshot_schema import SCHEMA_VERSION
 from core.store import ObjectNotFound, Store
 
 
+POINTER_READ_FAILED = "reading the snapshot pointer failed"
+
+
 @dataclass
 class Snapshot:
     org_id: str
@@ -119,8 +122,10 @@ class SnapshotReader:
             except ObjectNotFound:
                 return state.snapshot  # no generation published yet: nothing to serve
             except Exception as exc:  # the store is unreachable: keep serving
-                state.last_error = f"reading the snapshot pointer failed: {type(exc).__name__}"
+                state.last_error = f"{POINTER_READ_FAILED}: {type(exc).__name__}"
                 return state.snapshot
+            if state.last_error and state.last_error.startswith(POINTER_READ_FAILED):
+                state.last_error = None  # the store answers again
             if obj is None or obj.etag == state.refused_etag:
                 return state.snapshot
             try:

@@ -246,3 +246,23 @@ def test_a_refused_generation_is_not_downloaded_again(store, tmp_path, clock):
         assert reader.current(ORG).generation == 1
     assert counting.pointer_reads == 4
     assert counting.downloads == 2  # generation 1 once, the refused generation 2 once
+
+
+def test_a_pointer_read_failure_is_reported_then_cleared_when_the_store_answers(store, tmp_path, clock):
+    observe(store, "Deploy smoke must pass before release.")
+    publish(store, tmp_path)
+    flaky = CountingStore(store)
+    reader = SnapshotReader(flaky, str(tmp_path / "cache"), ttl_seconds=5)
+    assert reader.current(ORG).generation == 1
+
+    def broken(*args, **kwargs):
+        raise ConnectionError("store down")
+
+    flaky.get_if_changed = broken
+    clock.now += 5
+    assert reader.current(ORG).generation == 1
+    assert "pointer" in reader.status(ORG)["last_refresh_error"]
+    del flaky.get_if_changed
+    clock.now += 5
+    assert reader.current(ORG).generation == 1
+    assert reader.status(ORG)["last_refresh_error"] is None
