@@ -108,7 +108,7 @@ def test_environment_points_both_functions_at_the_bucket(template):
     env = template["Globals"]["Function"]["Environment"]["Variables"]
     assert env["TITEN_STORE"] == {"Fn::Sub": "s3://${DataBucket}/"}
     assert env["TITEN_SNAPSHOT_TTL"] == {"Ref": "SnapshotTtlSeconds"}
-    assert env["TITEN_EMBEDDER"] == {"Ref": "Embedder"}
+    assert env["TITEN_EMBEDDER"]["Fn::If"][2] == {"Ref": "Embedder"}
     assert template["Parameters"]["Embedder"]["Default"] == ""
     assert function(template, "ApiFunction")["EphemeralStorage"] == {"Size": {"Ref": "EphemeralStorageSize"}}
 
@@ -149,13 +149,21 @@ def _resolve(value) -> str:
         assert list(value["Fn::GetAtt"]) == ["DataBucket", "Arn"], value
         return BUCKET_ARN
     if "Fn::Sub" in value:
-        return value["Fn::Sub"].replace("${DataBucket.Arn}", BUCKET_ARN).replace("${AWS::Partition}", "aws")
+        return (value["Fn::Sub"].replace("${DataBucket.Arn}", BUCKET_ARN).replace("${AWS::Partition}", "aws")
+                .replace("${AWS::Region}", "us-east-1")
+                .replace("${BedrockEmbeddingModel}", "amazon.titan-embed-text-v2:0"))
     raise AssertionError(f"unexpected resource expression {value!r}")
 
 
-def _statements(template, name):
+def _statements(template, name, bedrock=False):
     statements = []
     for document in function(template, name)["Policies"]:
+        if "Fn::If" in document:
+            condition, when_true, when_false = document["Fn::If"]
+            assert condition == "UseBedrockEmbedder", document
+            document = when_true if bedrock else when_false
+            if document == {"Ref": "AWS::NoValue"}:
+                continue
         assert isinstance(document, dict), "only inline policy documents (no managed or SAM policy templates)"
         for st in document["Statement"]:
             assert not {"Condition", "NotAction", "NotResource"} & set(st), "evaluator handles plain statements only"
@@ -321,3 +329,21 @@ def test_the_api_may_invoke_only_the_rebuild_function(template):
                                   ["arn:aws:lambda:us-east-1:123456789012:function:titen-rebuild"])]
     env = function(template, "ApiFunction")["Environment"]["Variables"]
     assert env["TITEN_REBUILD_FUNCTION"] == {"Ref": "RebuildFunction"}
+
+
+@pytest.mark.parametrize("name", ["ApiFunction", "RebuildFunction"])
+def test_the_bedrock_parameter_adds_exactly_invoke_model_on_that_model(template, name):
+    without = _statements(template, name, bedrock=False)
+    with_bedrock = _statements(template, name, bedrock=True)
+    added = [st for st in with_bedrock if st not in without]
+    assert added == [(["bedrock:invokemodel"],
+                      ["arn:aws:bedrock:us-east-1::foundation-model/amazon.titan-embed-text-v2:0"])]
+    assert len(with_bedrock) == len(without) + 1
+
+
+def test_the_bedrock_parameter_sets_the_embedder(template):
+    env = template["Globals"]["Function"]["Environment"]["Variables"]["TITEN_EMBEDDER"]
+    condition, when_true, when_false = env["Fn::If"]
+    assert condition == "UseBedrockEmbedder"
+    assert when_true == {"Fn::Sub": "bedrock:${BedrockEmbeddingModel}:${BedrockEmbeddingDimensions}"}
+    assert when_false == {"Ref": "Embedder"}
