@@ -295,7 +295,10 @@ class Writes:
                 self.store.compare_and_swap(head_key, json.dumps(new_head).encode(), etag)
         except PreconditionFailed:
             raise Conflict(f"claim {claim_id} changed concurrently; read it again and retry") from None
-        self.store.put_if_absent(entry_key(principal.org_id, new_hex), encode(entry))
+        try:
+            self.store.put_if_absent(entry_key(principal.org_id, new_hex), encode(entry))
+        except PreconditionFailed:
+            pass  # another writer read our head first and completed this very entry
         self.on_write(principal.org_id)
         return result
 

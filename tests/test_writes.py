@@ -194,3 +194,24 @@ def test_naming_a_workspace_the_key_is_not_in_is_forbidden(api):
                                       "workspace_id": "ws_other"}, key)
     assert r.status_code == 403
     assert api.ledger_keys() == []
+
+
+def test_a_transition_completed_by_another_writer_still_succeeds(api, monkeypatch):
+    """A second writer may read the head between our swap and our ledger
+    write, and complete the pending entry itself; ours must not then fail."""
+    key = api.key()
+    claim = _claim(api, key)
+    store = api.service.store
+    real_put = store.put_if_absent
+
+    def put(k, body):
+        etag = real_put(k, body)
+        if "/claims/" in k:  # right after the head swap, a reader repairs the entry
+            api.service.writes._head(api.service.keys.authenticate(key["authorization"]), claim, k)
+        return etag
+
+    monkeypatch.setattr(store, "put_if_absent", put)
+    r = api.post(f"/v1/claims/{claim}/revoke", {"expected_version": 1}, key)
+    assert r.status_code == 200, r.text
+    entries = [json.loads(store.get(k).body) for k in api.ledger_keys()]
+    assert [e["action"] for e in entries if e["type"] == "transition"] == ["revoke"]
