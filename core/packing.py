@@ -75,7 +75,7 @@ class BudgetTooSmall(Exception):
         self.needed = needed
 
 
-@dataclass
+@dataclass(slots=True)
 class PackCandidate:
     """One ranked claim as the packer sees it. Its item serializes as
     ``prefix + suffix`` (``item_prefix``/``item_suffix``): the prefix — every

@@ -26,7 +26,7 @@ HALF_LIFE_DAYS = 90
 MIN_FEEDBACK_SIGNALS = 3
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # built ~200 times per compile: frozen init costs 4x
 class RankInput:
     claim_id: str
     confidence: float
@@ -40,7 +40,7 @@ class RankInput:
     similarity: float | None = None  # semantic similarity, None when not a semantic hit
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Ranked:
     claim_id: str
     score: float
