@@ -78,11 +78,8 @@ def read_pointer(store: Store, org_id: str) -> tuple[dict | None, str | None]:
 
 
 def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def snapshot_schema_version(path: str) -> int | None:
