@@ -14,7 +14,7 @@ and report the wall seconds of each command (interpreter start-up included),
 the rebuild's own ``seconds`` (its JSON line), and the snapshot bytes. The
 finished store is left in place with a ``.bench-build.json`` record in the
 format ``bench/corpus.py`` writes, so ``bench/compile.py`` and
-``bench/http.py`` reuse it instead of building again.
+``bench/compile_http.py`` reuse it instead of building again.
 
 Then the incremental rebuild (unless ``--no-incremental``): the 342k
 organization (``--incremental-base``) is hard-link copied (``cp -al``; store
