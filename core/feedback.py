@@ -15,7 +15,7 @@ from core.domain import FEEDBACK_OUTCOMES
 from core.errors import NotFound
 from core.ids import entry_hex, parse_id
 from core.keys import Principal
-from core.ledger import Ledger
+from core.ledger import RUN_SUFFIX, Ledger
 from core.validation import IDENTIFIER, Fields
 
 
@@ -39,7 +39,11 @@ class FeedbackDesk:
         feedback_id = f"fb_{hex_}"
         entry = self.ledger.append(principal.org_id, "feedback", {
             "feedback_id": feedback_id, "context_id": context_id, "claim_id": claim_id,
-            "outcome": outcome, "reason_code": reason_code}, actor=principal.principal_id, entry_hex=hex_)
-        self.on_write(principal.org_id)
+            "outcome": outcome, "reason_code": reason_code}, actor=principal.principal_id, entry_hex=hex_,
+            # feedback on the pack as a whole moves no claim: like the run it
+            # annotates, no snapshot needs it, so the rebuild passes it over
+            suffix=".json" if claim_id else RUN_SUFFIX)
+        if claim_id:
+            self.on_write(principal.org_id)
         return {"feedback_id": feedback_id, "context_id": context_id, "claim_id": claim_id,
                 "outcome": outcome, "recorded_at": entry["recorded_at"]}

@@ -29,9 +29,10 @@ RUN_SUFFIX = ".run.json"
 
 
 def entry_key(org_id: str, entry_hex: str, suffix: str = ".json") -> str:
-    """Context runs take ``RUN_SUFFIX``: still ledger entries in key order,
-    but the rebuild can pass them over by name, since no snapshot needs them
-    — so an organization that only compiles is never republished."""
+    """Context runs (and feedback on a whole pack) take ``RUN_SUFFIX``: still
+    ledger entries in key order, but the rebuild can pass them over by name,
+    since no snapshot needs them — so an organization that only compiles is
+    never republished."""
     return f"{ledger_prefix(org_id)}{entry_hex}{suffix}"
 
 

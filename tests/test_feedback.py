@@ -1,5 +1,7 @@
 """Feedback closes the loop: checked against the stored pack at once."""
 
+import json
+
 import pytest
 
 
@@ -80,3 +82,12 @@ def test_the_latest_outcome_for_a_pack_and_claim_wins(api, pack):
     api.post(f"/v1/context/{contexts[0]}/feedback", {"outcome": "harmful", "claim_id": claim}, key)
     api.rebuild(key)
     assert _utility(api, key) == pytest.approx(((2 - 1) / 3 + 1) / 2, abs=1e-6)
+
+
+def test_feedback_on_the_whole_pack_is_kept_but_causes_no_new_generation(api, pack):
+    before = api.ledger_keys()
+    r = api.post(f"/v1/context/{pack['context']}/feedback", {"outcome": "useful"}, pack["key"])
+    assert r.status_code == 201
+    (new_key,) = set(api.ledger_keys()) - set(before)
+    assert json.loads(api.service.store.get(new_key).body)["feedback_id"] == r.json()["data"]["feedback_id"]
+    assert api.rebuild(pack["key"])["published"] is False
