@@ -199,7 +199,7 @@ def print_tables(results: list[dict], env: dict) -> None:
                      f"{c['mean_candidates']:.0f}", f"{f['p50_ms']:.1f}", f"{f['p95_ms']:.1f}",
                      f"{r['candidate_step']['p95_ms']:.1f}", f"{r['overhead_ratio']['p95']:.2f}x",
                      f"{ref['p50_ms']}/{ref['p95_ms']}/{ref['p99_ms']}" if ref else "-"))
-    _table(head, rows)
+    corpus.print_table(head, rows)
     if any(r["build"]["import_reused"] or r["build"]["rebuild_reused"] for r in results):
         print("* reused from an earlier run (bench/.data): the figure is that run's")
     if any(r["build"].get("rebuild_from_scratch") for r in results):
@@ -214,17 +214,8 @@ def print_tables(results: list[dict], env: dict) -> None:
                      f"{r['fts_only']['p50_ms']:.1f}/{r['fts_only']['p95_ms']:.1f}",
                      f"{r['peak_rss_mib_process']:.0f}",
                      "{:.1f}->{:.1f}".format(*r["loadavg_1m"])))
-    _table(head, rows)
+    corpus.print_table(head, rows)
     print()
-
-
-def _table(head, rows) -> None:
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    line = lambda cells: "  ".join(str(c).rjust(w) for c, w in zip(cells, widths))  # noqa: E731
-    print(line(head))
-    print("  ".join("-" * w for w in widths))
-    for row in rows:
-        print(line(row))
 
 
 def environment(workload: dict) -> dict:

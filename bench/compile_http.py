@@ -221,15 +221,6 @@ def bare_queries(directory: Path, api_key: str, workload: dict) -> tuple[list[fl
     return fts, step
 
 
-def _table(head, rows) -> None:
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    line = lambda cells: "  ".join(str(c).rjust(w) for c, w in zip(cells, widths))  # noqa: E731
-    print(line(head))
-    print("  ".join("-" * w for w in widths))
-    for row in rows:
-        print(line(row))
-
-
 def print_tables(results: list[dict]) -> None:
     import apsw
     print(f"\nCompile over HTTP (titen serve, uvicorn, loopback, concurrency 1, one keep-alive connection): "
@@ -249,7 +240,7 @@ def print_tables(results: list[dict]) -> None:
                      f"{ref['p95_ms'] / c['p95_ms']:.1f}x" if ref else "-",
                      (f"<={target:g} " + ("MET" if c["p95_ms"] <= target else "MISSED")) if target else "-",
                      "{:.1f}->{:.1f}".format(r["loadavg"]["before"][0], r["loadavg"]["after"][0])))
-    _table(head, rows)
+    corpus.print_table(head, rows)
     for r in results:
         if r["claims"] >= 50000:
             ok = r["ratio_p95_http_to_fts"] <= TARGET_RATIO

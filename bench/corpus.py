@@ -317,6 +317,16 @@ def build_org(data_dir: str | os.PathLike | None, n: int, *, force: bool = False
                 "data_dir": str(directory)}
 
 
+def print_table(head, rows) -> None:
+    """One right-aligned text table, as every bench prints its results."""
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    line = lambda cells: "  ".join(str(c).rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+    print(line(head))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print(line(row))
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 

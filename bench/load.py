@@ -161,15 +161,6 @@ def incremental(base_n: int, entries: int = 100, progress=corpus._log) -> dict:
         shutil.rmtree(copy, ignore_errors=True)
 
 
-def _table(head, rows) -> None:
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    line = lambda cells: "  ".join(str(c).rjust(w) for c, w in zip(cells, widths))  # noqa: E731
-    print(line(head))
-    print("  ".join("-" * w for w in widths))
-    for row in rows:
-        print(line(row))
-
-
 def print_tables(builds: list[dict], incr: dict | None) -> None:
     import apsw
     print(f"\nLoad through the CLI (titen import, batches of 500; titen rebuild from empty); python "
@@ -182,7 +173,7 @@ def print_tables(builds: list[dict], incr: dict | None) -> None:
                      f"{b['rebuild_s']:.1f}{mark}", f"{b['rebuild_internal_s']:.1f}",
                      f"{b['snapshot_bytes'] / 1e6:.1f}", f"{b['store_bytes'] / 1e6:.0f}",
                      "{:.1f}->{:.1f}".format(*b["loadavg_1m"])))
-    _table(head, rows)
+    corpus.print_table(head, rows)
     if any(b.get("reused") for b in builds):
         print("* reused (--reuse): the figure is from the earlier run that built the store")
     fifty = next((b for b in builds if b["n"] == 50000), None)
