@@ -8,26 +8,36 @@ O(all postings of all terms). This module answers the same question exactly
 (same rowids, bit-identical bm25 values, same order) from auxiliary tables
 written at snapshot build time, with MaxScore pruning.
 
-Build side (``build_lexical_index``), run on the work database after the last
-change to ``claims_fts``:
+Build side, run on the work database after the last change to
+``claims_fts``:
 
 - ``lex_stats``: the FTS5 statistics bm25() uses — N (rows in the index) and
   the total token count, read from the FTS5 averages record itself — and the
   raw averages record, so a reader can check the tables still describe the
   index it sits next to.
-- ``lex_postings(subject_id, term, n, ub, rowids, contribs)``: for every
+- ``lex_postings(subject_id, term, n, ub, rowids, contribs, tfdl)``: for every
   subject and every indexed token, the rowids of that subject's indexed
-  claims containing the token (ascending, packed int32/int64) and, parallel to
-  them, each posting's exact bm25 contribution (packed float64), computed
+  claims containing the token (ascending, packed int32/int64), parallel to
+  them each posting's exact bm25 contribution (packed float64), computed
   with FTS5's formula and operation order::
 
       idf = log((N - df + 0.5) / (df + 0.5)), 1e-6 if <= 0   (df over the whole index)
       c   = idf * ((tf * (k1 + 1.0)) / (tf + k1 * (1 - b + b * D / avgdl)))
 
-  with k1 = 1.2, b = 0.75, D the row's token count, avgdl = total / N. ``ub``
-  is the largest contribution in the list. Postings come from FTS5 itself
-  (an ``fts5vocab`` instance table), so tokenization is FTS5's by
-  construction; row sizes come from ``claims_fts_docsize``.
+  with k1 = 1.2, b = 0.75, D the row's token count, avgdl = total / N, and
+  the raw inputs ``tf << 32 | D`` (packed uint64). ``ub`` is the largest
+  contribution in the list.
+
+``build_lexical_index`` writes them whole from FTS5 itself (an ``fts5vocab``
+instance table, so tokenization is FTS5's by construction; row sizes from
+``claims_fts_docsize``). ``update_lexical_index`` is the incremental build:
+every FTS insert or delete moves N, avgdl and df, hence *every*
+contribution, so it patches only the lists of the rows that changed (their
+tokens from FTS5's own tokenizer, checked against the averages record and
+the docsize table; any disagreement falls back to the whole build) and then
+recomputes every list's contributions from its stored ``tfdl`` — one
+dictionary of the list's distinct (tf, D) pairs, mapped over the list in C.
+Both give byte-identical tables (tests/test_lexical.py).
 
 Query side (``top_candidates``): the phrases' tokens (same tokenizer, via
 ``Connection.fts5_tokenizer``) → their lists for the scope's subject →
@@ -55,7 +65,7 @@ from collections import defaultdict
 
 import apsw
 
-LEX_VERSION = 1
+LEX_VERSION = 2
 K1 = 1.2
 B = 0.75
 FTS_TOKENIZER_ARGS = ("porter", ["unicode61", "remove_diacritics", "2"])
@@ -77,6 +87,7 @@ CREATE TABLE lex_postings(
   ub REAL NOT NULL,
   rowids BLOB NOT NULL,
   contribs BLOB NOT NULL,
+  tfdl BLOB NOT NULL,
   PRIMARY KEY(subject_id, term)
 ) WITHOUT ROWID;
 """
@@ -120,24 +131,44 @@ def contribution(idf: float, tf: float, doclen: float, avgdl: float) -> float:
 
 # -- build -------------------------------------------------------------------
 
-def build_lexical_index(db: apsw.Connection) -> dict:
-    """(Re)create lex_stats and lex_postings from claims_fts and claims.
+_INSERT = "INSERT INTO lex_postings(subject_id, term, n, ub, rowids, contribs, tfdl) VALUES(?, ?, ?, ?, ?, ?, ?)"
+_TF_SHIFT = 32
+_DL_MASK = (1 << _TF_SHIFT) - 1
 
-    Run inside the build's write transaction after the last change to
-    claims_fts (every insert or delete changes N, avgdl and df, hence every
-    contribution, so the tables are always rebuilt whole)."""
-    db.execute("DROP TABLE IF EXISTS lex_stats; DROP TABLE IF EXISTS lex_postings")
-    db.execute(LEX_DDL)
-    averages, n_rows, n_tokens = _averages(db)
-    max_rowid = db.execute("SELECT coalesce(max(rowid), 0) FROM claims").fetchone()[0]
-    rowid_type = "i" if max_rowid < 2**31 else "q"
+
+def _contribs(idf: float, avgdl: float, tfdl: array) -> tuple[array, float]:
+    """A list's contributions (and their maximum) from its packed (tf, D)
+    inputs; both build paths price postings here, so they agree bit for bit."""
+    table = {key: contribution(idf, float(key >> _TF_SHIFT), float(key & _DL_MASK), avgdl)
+             for key in set(tfdl)}
+    return array("d", map(table.__getitem__, tfdl)), max(table.values())
+
+
+def _write_stats(db: apsw.Connection, averages: bytes, n_rows: int, n_tokens: int, rowid_type: str) -> None:
+    db.execute("DELETE FROM lex_stats")
     db.execute("INSERT INTO lex_stats(id, version, n_rows, n_tokens, averages, rowid_type, byteorder)"
                " VALUES(1, ?, ?, ?, ?, ?, ?)",
                (LEX_VERSION, n_rows, n_tokens, averages, rowid_type, sys.byteorder))
-    if n_rows == 0:
-        return {"n_rows": 0, "terms": 0, "postings": 0, "lists": 0}
-    avgdl = float(n_tokens) / float(n_rows)
 
+
+def _rowid_type(db: apsw.Connection) -> str:
+    max_rowid = db.execute("SELECT coalesce(max(rowid), 0) FROM claims").fetchone()[0]
+    return "i" if max_rowid < 2**31 else "q"
+
+
+def build_lexical_index(db: apsw.Connection) -> dict:
+    """(Re)create lex_stats and lex_postings whole from claims_fts and claims.
+
+    Run inside the build's write transaction after the last change to
+    claims_fts."""
+    db.execute("DROP TABLE IF EXISTS lex_stats; DROP TABLE IF EXISTS lex_postings")
+    db.execute(LEX_DDL)
+    averages, n_rows, n_tokens = _averages(db)
+    rowid_type = _rowid_type(db)
+    _write_stats(db, averages, n_rows, n_tokens, rowid_type)
+    if n_rows == 0:
+        return {"mode": "whole", "n_rows": 0, "terms": 0, "postings": 0, "lists": 0}
+    avgdl = float(n_tokens) / float(n_rows)
     doclen: dict[int, int] = {}
     for rowid, size in db.execute("SELECT id, sz FROM claims_fts_docsize"):
         doclen[rowid] = _varint(size, 0)[0]
@@ -147,27 +178,23 @@ def build_lexical_index(db: apsw.Connection) -> dict:
 
     db.execute("DROP TABLE IF EXISTS temp.lex_vocab")
     db.execute("CREATE VIRTUAL TABLE temp.lex_vocab USING fts5vocab(main, 'claims_fts', 'instance')")
-    insert = "INSERT INTO lex_postings(subject_id, term, n, ub, rowids, contribs) VALUES(?, ?, ?, ?, ?, ?)"
-    stats = {"n_rows": n_rows, "terms": 0, "postings": 0, "lists": 0}
+    stats = {"mode": "whole", "n_rows": n_rows, "terms": 0, "postings": 0, "lists": 0}
 
     def flush(term: str, docs: list[int], tfs: list[int]) -> None:
         idf = idf_for(n_rows, len(docs))
-        memo: dict[tuple[int, int], float] = {}
-        by_subject: dict[str, tuple[array, array]] = defaultdict(lambda: (array(rowid_type), array("d")))
+        by_subject: dict[str, tuple[array, array]] = defaultdict(lambda: (array(rowid_type), array("Q")))
         for rowid, tf in zip(docs, tfs):
-            dl = doclen[rowid]
-            c = memo.get((tf, dl))
-            if c is None:
-                c = memo[(tf, dl)] = contribution(idf, float(tf), float(dl), avgdl)
-            rows, contribs = by_subject[subject_of[rowid]]
+            rows, tfdl = by_subject[subject_of[rowid]]
             rows.append(rowid)
-            contribs.append(c)
-        rows_out = [(subject, term, len(rows), max(contribs), rows.tobytes(), contribs.tobytes())
-                    for subject, (rows, contribs) in by_subject.items()]
-        db.executemany(insert, rows_out)
+            tfdl.append(tf << _TF_SHIFT | doclen[rowid])
+        out = []
+        for subject, (rows, tfdl) in by_subject.items():
+            contribs, ub = _contribs(idf, avgdl, tfdl)
+            out.append((subject, term, len(rows), ub, rows.tobytes(), contribs.tobytes(), tfdl.tobytes()))
+        db.executemany(_INSERT, out)
         stats["terms"] += 1
         stats["postings"] += len(docs)
-        stats["lists"] += len(rows_out)
+        stats["lists"] += len(out)
 
     term = None
     docs: list[int] = []
@@ -183,6 +210,132 @@ def build_lexical_index(db: apsw.Connection) -> dict:
     if term is not None:
         flush(term, docs, tfs)
     db.execute("DROP TABLE temp.lex_vocab")
+    return stats
+
+
+class LexicalChanges:
+    """The rows a build inserted into or deleted from claims_fts, in order.
+
+    The builder records each change as it makes it; ``update_lexical_index``
+    turns them into posting-list edits."""
+
+    def __init__(self, record: bool = True):
+        # a build from empty writes the index whole: nothing to remember
+        self.record = record
+        self.rows: list[tuple[int, str, str, int]] = []  # (rowid, subject_id, statement, +1 | -1)
+
+    def inserted(self, rowid: int, subject_id: str, statement: str) -> None:
+        if self.record:
+            self.rows.append((rowid, subject_id, statement, 1))
+
+    def deleted(self, rowid: int, subject_id: str, statement: str) -> None:
+        if self.record:
+            self.rows.append((rowid, subject_id, statement, -1))
+
+
+def update_lexical_index(db: apsw.Connection, changes: LexicalChanges, progress=None) -> dict:
+    """Bring lex_stats/lex_postings up to date after ``changes`` to claims_fts;
+    the same tables ``build_lexical_index`` would write, faster. Run it in a
+    transaction after the one that made the changes: FTS5 writes its
+    statistics out when that one commits.
+
+    Falls back to the whole build when there is no current-version index to
+    start from, when the rowid width must grow, or when the changes do not
+    account exactly for the index's new statistics."""
+    progress = progress or (lambda message: None)
+    try:
+        row = db.execute("SELECT version, n_rows, n_tokens, rowid_type, byteorder FROM lex_stats"
+                         " WHERE id = 1").fetchone()
+    except apsw.SQLError:
+        row = None
+    rowid_type = _rowid_type(db)
+    if row is None or row[0] != LEX_VERSION or row[4] != sys.byteorder or row[3] != rowid_type:
+        return build_lexical_index(db)
+    _, old_rows, old_tokens, _, _ = row
+    averages, n_rows, n_tokens = _averages(db)
+
+    # 1. the changed rows' postings, from FTS5's own tokenizer
+    tokenizer = db.fts5_tokenizer(*FTS_TOKENIZER_ARGS)
+    edits: dict[tuple[str, str], tuple[set[int], dict[int, int]]] = {}
+    rows_delta = tokens_delta = 0
+    for rowid, subject_id, statement, sign in changes.rows:
+        tokens = tokenizer(statement.encode(), apsw.FTS5_TOKENIZE_DOCUMENT, None,
+                           include_offsets=False, include_colocated=False)
+        rows_delta += sign
+        tokens_delta += sign * len(tokens)
+        if sign > 0:
+            size = db.execute("SELECT sz FROM claims_fts_docsize WHERE id = ?", (rowid,)).fetchone()
+            if size is None or _varint(size[0], 0)[0] != len(tokens):
+                return build_lexical_index(db)
+        tf: dict[str, int] = {}
+        for tok in tokens:
+            tf[tok] = tf.get(tok, 0) + 1
+        for tok, count in tf.items():
+            removed, added = edits.setdefault((subject_id, tok), (set(), {}))
+            if sign > 0:
+                added[rowid] = count << _TF_SHIFT | len(tokens)
+                removed.discard(rowid)
+            else:
+                added.pop(rowid, None)
+                removed.add(rowid)
+    if n_rows != old_rows + rows_delta or n_tokens != old_tokens + tokens_delta:
+        progress("candidate index: the changes do not account for the new statistics; building it whole")
+        return build_lexical_index(db)
+    _write_stats(db, averages, n_rows, n_tokens, rowid_type)
+    if n_rows == 0:
+        db.execute("DELETE FROM lex_postings")
+        return {"mode": "incremental", "n_rows": 0, "terms": 0, "postings": 0, "lists": 0, "edited": 0}
+
+    # 2. edit the touched lists (rowids and inputs only; priced in step 3)
+    for (subject_id, term), (removed, added) in sorted(edits.items()):
+        found = db.execute("SELECT rowids, tfdl FROM lex_postings WHERE subject_id = ? AND term = ?",
+                           (subject_id, term)).fetchone()
+        rows, tfdl = array(rowid_type), array("Q")
+        if found is not None:
+            rows.frombytes(found[0])
+            tfdl.frombytes(found[1])
+        for rowid in removed:
+            i = bisect_left(rows, rowid)
+            if i < len(rows) and rows[i] == rowid:
+                del rows[i]
+                del tfdl[i]
+        for rowid in sorted(added):
+            i = bisect_left(rows, rowid)
+            if i < len(rows) and rows[i] == rowid:
+                tfdl[i] = added[rowid]
+            else:
+                rows.insert(i, rowid)
+                tfdl.insert(i, added[rowid])
+        if not rows:
+            db.execute("DELETE FROM lex_postings WHERE subject_id = ? AND term = ?", (subject_id, term))
+        elif found is None:
+            # priced in step 3 like every other list
+            db.execute(_INSERT, (subject_id, term, len(rows), 0.0, rows.tobytes(), b"", tfdl.tobytes()))
+        else:
+            db.execute("UPDATE lex_postings SET n = ?, rowids = ?, tfdl = ? WHERE subject_id = ? AND term = ?",
+                       (len(rows), rows.tobytes(), tfdl.tobytes(), subject_id, term))
+
+    # 3. N, avgdl and df moved: price every list again
+    avgdl = float(n_tokens) / float(n_rows)
+    df = dict(db.execute("SELECT term, sum(n) FROM lex_postings GROUP BY term"))
+    idf = {term: idf_for(n_rows, d) for term, d in df.items()}
+    stats = {"mode": "incremental", "n_rows": n_rows, "terms": len(df), "postings": sum(df.values()),
+             "lists": 0, "edited": len(edits)}
+    after: tuple = ("", "")
+    while True:
+        batch = db.execute("SELECT subject_id, term, tfdl FROM lex_postings WHERE (subject_id, term) > (?, ?)"
+                           " ORDER BY subject_id, term LIMIT 2000", after).fetchall()
+        if not batch:
+            break
+        out = []
+        for subject_id, term, raw in batch:
+            tfdl = array("Q")
+            tfdl.frombytes(raw)
+            contribs, ub = _contribs(idf[term], avgdl, tfdl)
+            out.append((ub, contribs.tobytes(), subject_id, term))
+        db.executemany("UPDATE lex_postings SET ub = ?, contribs = ? WHERE subject_id = ? AND term = ?", out)
+        stats["lists"] += len(out)
+        after = batch[-1][:2]
     return stats
 
 

@@ -34,14 +34,16 @@ import apsw
 from core.domain import POSITIVE_OUTCOMES, TRUST_LEVELS
 from core.ids import uuid7_floor_hex, uuid7_ms
 from core.instants import canonical, now_utc, parse_instant
-from core.lexical import build_lexical_index
+from core import content_hash
+from core.lexical import LexicalChanges, update_lexical_index
 from core.packing import item_fields, item_prefix, payload_tokens
 from core.ledger import RUN_SUFFIX, Ledger, ledger_prefix
-from core.snapshot_schema import CANONICAL_QUERIES, DDL, SCHEMA_VERSION
+from core.snapshot_schema import DDL, SCHEMA_VERSION
 from core.store import ObjectNotFound, PreconditionFailed, Store
 
 DEFAULT_SKEW_SECONDS = 600
 KEEP_GENERATIONS = 5
+DEFAULT_KEEP_BYTES = 1 << 30
 TERMINAL = ("superseded", "expired", "revoked")
 
 
@@ -93,22 +95,12 @@ def snapshot_schema_version(path: str) -> int | None:
         db.close()
 
 
-def content_hash(db: apsw.Connection) -> str:
-    h = hashlib.sha256()
-    for name, sql in CANONICAL_QUERIES:
-        h.update(f"\x00{name}\x00".encode())
-        for row in db.execute(sql):
-            h.update(json.dumps(row, separators=(",", ":"), ensure_ascii=False).encode())
-            h.update(b"\n")
-    return h.hexdigest()
-
-
 class SnapshotBuilder:
     def __init__(self, store: Store, org_id: str, *, work_dir: str | None = None,
                  skew_seconds: int = DEFAULT_SKEW_SECONDS,
                  progress: Callable[[str], None] | None = None,
                  before_publish: Callable[[], None] | None = None,
-                 embedder=None):
+                 embedder=None, keep_bytes: int | None = None):
         self.store = store
         self.embedder = embedder  # None: no vector index (and nothing vector-related imported)
         self.vector_stats = None  # core.vectors.SyncStats of the last build, when vectors are on
@@ -118,6 +110,10 @@ class SnapshotBuilder:
         self.skew_ms = int(skew_seconds * 1000)
         self.progress = progress or (lambda message: None)
         self.before_publish = before_publish  # a test seam: a crash just before the swap
+        # the published file stays in work_dir for the next build (0: never)
+        self.keep_bytes = keep_bytes if keep_bytes is not None else int(
+            os.environ.get("TITEN_REBUILD_KEEP_BYTES", DEFAULT_KEEP_BYTES))
+        self.lexical_stats: dict | None = None  # what the last build did to the candidate index
 
     # -- public --------------------------------------------------------------
 
@@ -129,7 +125,16 @@ class SnapshotBuilder:
         try:
             db = self._open_work(work, None if from_scratch else pointer)
             try:
-                applied = self._apply_new_entries(db)
+                # an incremental build keeps the content sums and the
+                # candidate index current as it goes; a build from empty
+                # computes both once at the end
+                sums = content_hash.decode(self._meta(db, content_hash.META_KEY))
+                row_digests = content_hash.RowDigests(db, sums) if sums is not None else None
+                lexical = LexicalChanges(record=self._has_lexical_index(db))
+                applied = self._apply_new_entries(db, lexical)
+                if row_digests is not None:
+                    row_digests.close()
+                    sums = row_digests.sums
                 if (pointer is not None and applied == 0 and not from_scratch and not force
                         and self._vectors_current(pointer)):
                     return RebuildResult(self.org_id, pointer["generation"], False, 0,
@@ -137,13 +142,14 @@ class SnapshotBuilder:
                                          pointer["bytes"], time.monotonic() - started,
                                          pointer["snapshot_key"])
                 generation = (pointer["generation"] if pointer else 0) + 1
-                self.progress(f"{self.org_id}: building the postings of the candidate index")
+                self.progress(f"{self.org_id}: updating the candidate index")
                 with db:
-                    # after the last change to claims_fts: every insert or
-                    # delete moves N, the mean length and df, so all scores
-                    build_lexical_index(db)
-                self.progress(f"{self.org_id}: hashing content")
-                digest = content_hash(db)
+                    # after the last change to claims_fts
+                    self.lexical_stats = update_lexical_index(db, lexical, self.progress)
+                if sums is None:
+                    self.progress(f"{self.org_id}: hashing content")
+                    sums = content_hash.scan(db)
+                digest = content_hash.digest(sums)
                 claim_count = db.execute("SELECT count(*) FROM claims").fetchone()[0]
                 vector = None
                 if self.embedder is not None:
@@ -160,11 +166,13 @@ class SnapshotBuilder:
                     # this build's claims: no reader may trust it as complete
                     self._set_meta(db, vector_status="stale", vector_error="built without an embedder")
                 self._set_meta(db, generation=generation, content_hash=digest,
-                               built_at=canonical(now_utc()), claim_count=claim_count)
+                               built_at=canonical(now_utc()), claim_count=claim_count,
+                               **{content_hash.META_KEY: content_hash.encode(sums)})
                 db.execute("PRAGMA optimize")
             finally:
                 db.close()
-            key, size = self._publish(work, generation, digest, claim_count, pointer, etag, vector)
+            key, size, sha = self._publish(work, generation, digest, claim_count, pointer, etag, vector)
+            self._keep(work, key, sha, size)
             return RebuildResult(self.org_id, generation, True, applied, digest, claim_count, size,
                                  time.monotonic() - started, key)
         finally:
@@ -174,22 +182,84 @@ class SnapshotBuilder:
                 except FileNotFoundError:
                     pass
 
+    # -- the previous generation, kept in the work directory ------------------
+
+    def _kept_paths(self) -> tuple[str, str]:
+        base = os.path.join(self.work_dir, f"kept-{self.org_id}")
+        return base + ".sqlite", base + ".json"
+
+    def _keep(self, work: str, key: str, sha: str, size: int) -> None:
+        """Keep the file just published as the next build's starting point,
+        so an incremental build does not download and verify it again.
+        Older kept files (other organizations) go first when the budget
+        ``keep_bytes`` would be exceeded."""
+        path, record = self._kept_paths()
+        for stale in (record, path):
+            if os.path.exists(stale):
+                os.unlink(stale)
+        if size > self.keep_bytes:
+            return
+        others = []
+        for name in os.listdir(self.work_dir):
+            other = os.path.join(self.work_dir, name)
+            if name.startswith("kept-") and name.endswith(".sqlite") and other != path:
+                others.append((os.path.getmtime(other), other))
+        total = size + sum(os.path.getsize(o) for _, o in others)
+        for _, other in sorted(others):
+            if total <= self.keep_bytes:
+                break
+            total -= os.path.getsize(other)
+            for stale in (other[:-len(".sqlite")] + ".json", other):
+                try:
+                    os.unlink(stale)
+                except FileNotFoundError:
+                    pass
+        os.replace(work, path)
+        with open(record, "w") as f:
+            json.dump({"snapshot_key": key, "sha256": sha, "bytes": size}, f)
+
+    def _take_kept(self, work: str, pointer: dict) -> bool:
+        """Move the kept file into place as the work file when it is exactly
+        the generation the pointer names (same key, sha256 and size)."""
+        path, record = self._kept_paths()
+        try:
+            with open(record) as f:
+                kept = json.load(f)
+            os.unlink(record)  # taken at most once: the work file is changed in place
+        except (FileNotFoundError, ValueError):
+            return False
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return False
+        # st_nlink: a hard-linked copy (cp -al of the work directory) is not
+        # ours to change in place
+        if (kept.get("snapshot_key") != pointer["snapshot_key"] or kept.get("sha256") != pointer["sha256"]
+                or st.st_size != kept.get("bytes") or st.st_nlink != 1):
+            os.unlink(path)
+            return False
+        os.replace(path, work)
+        return True
+
     # -- build ---------------------------------------------------------------
 
     def _open_work(self, work: str, pointer: dict | None) -> apsw.Connection:
         if pointer is not None:
-            self.store.download_file(pointer["snapshot_key"], work)
-            if file_sha256(work) != pointer["sha256"]:
-                # A damaged previous generation is never built upon: replay.
-                self.progress(f"{self.org_id}: previous snapshot fails its sha256; replaying the ledger")
-                os.unlink(work)
-                pointer = None
-            elif snapshot_schema_version(work) != SCHEMA_VERSION:
-                # Built by another version of the schema: its tables cannot
-                # be extended in place, but the ledger can always be replayed.
-                self.progress(f"{self.org_id}: previous snapshot has another schema; replaying the ledger")
-                os.unlink(work)
-                pointer = None
+            if self._take_kept(work, pointer):
+                self.progress(f"{self.org_id}: starting from generation {pointer['generation']}, kept locally")
+            else:
+                self.store.download_file(pointer["snapshot_key"], work)
+                if file_sha256(work) != pointer["sha256"]:
+                    # A damaged previous generation is never built upon: replay.
+                    self.progress(f"{self.org_id}: previous snapshot fails its sha256; replaying the ledger")
+                    os.unlink(work)
+                    pointer = None
+        if pointer is not None and snapshot_schema_version(work) != SCHEMA_VERSION:
+            # Built by another version of the schema: its tables cannot
+            # be extended in place, but the ledger can always be replayed.
+            self.progress(f"{self.org_id}: previous snapshot has another schema; replaying the ledger")
+            os.unlink(work)
+            pointer = None
         db = apsw.Connection(work)
         db.execute("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA cache_size=-65536")
         if pointer is None:
@@ -208,7 +278,11 @@ class SnapshotBuilder:
         row = db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return row[0] if row else None
 
-    def _apply_new_entries(self, db: apsw.Connection) -> int:
+    @staticmethod
+    def _has_lexical_index(db: apsw.Connection) -> bool:
+        return db.execute("SELECT 1 FROM sqlite_master WHERE name = 'lex_stats'").fetchone() is not None
+
+    def _apply_new_entries(self, db: apsw.Connection, lexical: LexicalChanges) -> int:
         watermark = self._meta(db, "watermark") or ""
         start_after = None
         if watermark:
@@ -232,7 +306,7 @@ class SnapshotBuilder:
                     last_report = time.monotonic()
                     self.progress(f"{self.org_id}: applied {applied}/{len(keys)} entries")
             self.progress(f"{self.org_id}: refreshing projections of {len(touched)} claims")
-            refresh_projections(db, touched)
+            refresh_projections(db, touched, lexical)
             new_watermark = max(watermark, max(k.rsplit("/", 1)[1][:32] for k in keys))
             prune_before = ledger_prefix(self.org_id) + uuid7_floor_hex(uuid7_ms(new_watermark) - self.skew_ms)
             db.execute("DELETE FROM applied WHERE entry_key < ?", (prune_before,))
@@ -253,12 +327,14 @@ class SnapshotBuilder:
         return {"fingerprint": self.embedder.fingerprint.key(), "layout": INDEX_LAYOUT, "status": status}
 
     def _publish(self, work: str, generation: int, digest: str, claim_count: int,
-                 pointer: dict | None, etag: str | None, vector: dict | None = None) -> tuple[str, int]:
-        sha = file_sha256(work)
+                 pointer: dict | None, etag: str | None, vector: dict | None = None) -> tuple[str, int, str]:
         size = os.path.getsize(work)
         key = f"orgs/{self.org_id}/snapshots/{generation:012d}-{secrets.token_hex(4)}.sqlite"
         self.progress(f"{self.org_id}: uploading generation {generation} ({size} bytes)")
-        self.store.upload_file(key, work)
+        with ThreadPoolExecutor(max_workers=1) as pool:  # hashing beside the upload: both only read the file
+            sha = pool.submit(file_sha256, work)
+            self.store.upload_file(key, work)
+            sha = sha.result()
         history = ([{"generation": generation, "snapshot_key": key, "sha256": sha}]
                    + (pointer.get("history", []) if pointer else []))[:KEEP_GENERATIONS]
         record = {"org_id": self.org_id, "generation": generation, "snapshot_key": key,
@@ -281,7 +357,7 @@ class SnapshotBuilder:
             self.store.delete(key)
             raise
         self._retire_old_generations(generation, {h["snapshot_key"] for h in history})
-        return key, size
+        return key, size, sha
 
     def _retire_old_generations(self, generation: int, keep: set[str]) -> None:
         prefix = f"orgs/{self.org_id}/snapshots/"
@@ -375,14 +451,16 @@ def _claims_citing(db: apsw.Connection, observation_ids: list[str]) -> list[str]
         f"SELECT DISTINCT claim_id FROM claim_sources WHERE observation_id IN ({marks})", observation_ids)]
 
 
-def refresh_projections(db: apsw.Connection, claim_ids: Iterable[str]) -> None:
-    """Recompute every derived column of these claims from canonical rows."""
+def refresh_projections(db: apsw.Connection, claim_ids: Iterable[str],
+                        lexical: LexicalChanges | None = None) -> None:
+    """Recompute every derived column of these claims from canonical rows;
+    ``lexical`` is told of every row entering or leaving claims_fts."""
     for claim_id in sorted(claim_ids):
         row = db.execute("SELECT rowid, statement, indexed, kind, confidence, trust, observer_id, valid_from,"
-                         " valid_to FROM claims WHERE claim_id=?", (claim_id,)).fetchone()
+                         " valid_to, subject_id FROM claims WHERE claim_id=?", (claim_id,)).fetchone()
         if row is None:
             continue  # feedback or a transition for a claim not (yet) in this ledger
-        rowid, statement, indexed, kind, confidence, trust, observer_id, valid_from, valid_to = row
+        rowid, statement, indexed, kind, confidence, trust, observer_id, valid_from, valid_to, subject_id = row
         version, base_status, superseded_by = 1, "active", None
         for from_version, action, new_claim_id in db.execute(
                 "SELECT from_version, action, new_claim_id FROM transitions WHERE claim_id=?"
@@ -415,8 +493,12 @@ def refresh_projections(db: apsw.Connection, claim_ids: Iterable[str]) -> None:
                 sorted({e[0] for e in evidence}))))
         if should_index and not indexed:
             db.execute("INSERT INTO claims_fts(rowid, statement) VALUES(?, ?)", (rowid, statement))
+            if lexical is not None:
+                lexical.inserted(rowid, subject_id, statement)
         elif indexed and not should_index:
             db.execute("DELETE FROM claims_fts WHERE rowid=?", (rowid,))
+            if lexical is not None:
+                lexical.deleted(rowid, subject_id, statement)
         db.execute(
             "UPDATE claims SET base_status=?, status=?, version=?, superseded_by=?, disputed=?, dispute_public=?,"
             " feedback_total=?, feedback_positive=?, feedback_negative=?, evidence_json=?, indexed=?,"

@@ -114,18 +114,4 @@ CREATE VIRTUAL TABLE claims_fts USING fts5(
   statement, content='', contentless_delete=1, tokenize='{FTS_TOKENIZER}');
 """
 
-# Canonical content, in a fixed order: the content hash is computed over
-# exactly these rows, so an incremental build and a from-scratch replay of the
-# same ledger can be compared (rowid and FTS segment layout are excluded).
-CANONICAL_QUERIES = (
-    ("claims", "SELECT claim_id, org_id, subject_id, project_id, workspace_id, visibility, owner_id,"
-               " statement, kind, confidence, trust, observer_id, valid_from, valid_to, created_at,"
-               " base_status, status, version, superseded_by, disputed, dispute_public, feedback_total,"
-               " feedback_positive, feedback_negative, evidence_json, indexed, prefix_tokens"
-               " FROM claims ORDER BY claim_id"),
-    ("observations", "SELECT * FROM observations ORDER BY observation_id"),
-    ("claim_sources", "SELECT * FROM claim_sources ORDER BY claim_id, observation_id, relation"),
-    ("transitions", "SELECT claim_id, from_version, action, recorded_at, reason, new_claim_id"
-                    " FROM transitions ORDER BY claim_id, from_version"),
-    ("feedback", "SELECT * FROM feedback ORDER BY context_id, claim_id"),
-)
+# The canonical columns the content hash covers: core/content_hash.py.

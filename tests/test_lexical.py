@@ -140,3 +140,96 @@ def test_empty_index():
     scope = CompileScope(Principal("org", "u1", "key", frozenset(), ()), "s1", None, TIMES[3])
     where, params = scope.where()
     assert lexical.top_candidates(db, "s1", where, params, ("deploy",)) == []
+
+
+# -- the incremental build -------------------------------------------------------
+
+def _lex_tables(db: apsw.Connection) -> tuple[list, list]:
+    return (db.execute("SELECT * FROM lex_stats").fetchall(),
+            db.execute("SELECT * FROM lex_postings ORDER BY subject_id, term").fetchall())
+
+
+def _change_index(db: apsw.Connection, rng: random.Random, changes: lexical.LexicalChanges, n: int) -> None:
+    """As the builder does: new claims enter the index, others leave it."""
+    indexed = db.execute("SELECT rowid, subject_id, statement FROM claims WHERE indexed = 1").fetchall()
+    for rowid, subject_id, statement in rng.sample(indexed, min(len(indexed), n // 3)):
+        db.execute("DELETE FROM claims_fts WHERE rowid = ?", (rowid,))
+        db.execute("UPDATE claims SET indexed = 0, status = 'revoked' WHERE rowid = ?", (rowid,))
+        changes.deleted(rowid, subject_id, statement)
+    for i in range(n):
+        statement = _statement(rng)
+        subject_id = rng.choice(SUBJECTS + ["s4"])  # s4: lists that do not exist yet
+        rowid = db.execute(
+            "INSERT INTO claims(claim_id, org_id, subject_id, visibility, owner_id, statement, kind, confidence,"
+            " trust, trust_level, valid_from, created_at, created_s, entry_id, indexed)"
+            " VALUES(?, 'org', ?, 'organization', 'u1', ?, 'semantic_fact', 0.9, 'observed', 1, ?, ?, 0, 'e', 1)"
+            " RETURNING rowid", (f"clm_new_{rng.getrandbits(40):010x}_{i}", subject_id, statement, TIMES[0],
+                                 TIMES[0])).fetchone()[0]
+        db.execute("INSERT INTO claims_fts(rowid, statement) VALUES(?, ?)", (rowid, statement))
+        changes.inserted(rowid, subject_id, statement)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_incremental_build_writes_the_tables_the_whole_build_writes(seed):
+    rng = random.Random(seed)
+    db = _corpus(rng, rng.choice([0, 30, 400]))
+    with db:
+        lexical.build_lexical_index(db)
+    for _ in range(3):
+        changes = lexical.LexicalChanges()
+        with db:
+            _change_index(db, rng, changes, rng.choice([1, 5, 60]))
+        with db:  # FTS5 writes its statistics out at commit
+            stats = lexical.update_lexical_index(db, changes)
+        assert stats["mode"] == "incremental"
+        incremental = _lex_tables(db)
+        with db:
+            lexical.build_lexical_index(db)
+        assert incremental == _lex_tables(db)  # every byte: rowids, contributions, bounds, inputs
+
+
+def test_the_incremental_build_answers_as_the_fts5_query():
+    rng = random.Random(5)
+    db = _corpus(rng, 300)
+    with db:
+        lexical.build_lexical_index(db)
+        changes = lexical.LexicalChanges()
+        _change_index(db, rng, changes, 40)
+    with db:
+        lexical.update_lexical_index(db, changes)
+    scope = CompileScope(Principal("org", "u1", "key", frozenset(), ("w1", "w2")), "s4", None, TIMES[3])
+    where, params = scope.where()
+    lexical._STATES.clear()
+    for terms in (("deploy",), ("smoke", "test", "the"), ("alpha", "naive")):
+        match = " OR ".join(f'"{t}"' for t in terms)
+        expected = fts_candidates(db, where, params, match, 10)
+        assert expected
+        assert lexical.top_candidates(db, scope.subject_id, where, params, terms, 10) == expected
+
+
+def test_changes_that_do_not_account_for_the_index_rebuild_it_whole():
+    rng = random.Random(3)
+    db = _corpus(rng, 100)
+    with db:
+        lexical.build_lexical_index(db)
+        changes = lexical.LexicalChanges()
+        _change_index(db, rng, changes, 10)
+    changes.rows.pop()  # a change the builder failed to report
+    with db:
+        stats = lexical.update_lexical_index(db, changes)
+    assert stats["mode"] == "whole"
+    incremental = _lex_tables(db)
+    with db:
+        lexical.build_lexical_index(db)
+    assert incremental == _lex_tables(db)
+
+
+def test_an_index_of_another_version_is_rebuilt_whole(monkeypatch):
+    rng = random.Random(4)
+    db = _corpus(rng, 50)
+    with db:
+        lexical.build_lexical_index(db)
+        db.execute("UPDATE lex_stats SET version = version - 1")
+        stats = lexical.update_lexical_index(db, lexical.LexicalChanges())
+    assert stats["mode"] == "whole"
+    assert db.execute("SELECT version FROM lex_stats").fetchone()[0] == lexical.LEX_VERSION

@@ -190,3 +190,112 @@ def test_a_reader_refuses_a_generation_of_another_schema_version(store, tmp_path
     reader = SnapshotReader(store, str(tmp_path / "cache"), ttl_seconds=0)
     assert reader.current("acme") is None
     assert "schema version" in reader.status("acme")["last_refresh_error"]
+
+
+# -- incremental builds: the kept file, the content sums, the candidate index ----
+
+def _published_copy(service, tmp_path, name):
+    pointer, _ = read_pointer(service.store, "acme")
+    path = str(tmp_path / name)
+    service.store.download_file(pointer["snapshot_key"], path)
+    return pointer, path
+
+
+def _lifecycle_steps(api, key):
+    """Each step writes entries of another kind; a rebuild follows each."""
+    claims = []
+
+    def observe(text):
+        claims.append(api.observe(key, content=text, claim={"statement": text, "kind": "semantic_fact",
+                                                            "confidence": 0.8})["claim_id"])
+
+    yield lambda: [observe(f"deploy step {i} needs smoke test {i % 3}") for i in range(12)]
+    yield lambda: [observe(f"rollback plan {i} for the deploy") for i in range(4)]
+
+    def disputes():
+        a, b = api.observe(key), api.observe(key, content="Smoke failed twice.")
+        api.post("/v1/consolidations", {"subject_id": "user_rama", "claims": [
+            {"statement": "Smoke deploy passes", "kind": "semantic_fact", "confidence": 0.9, "sources": [
+                {"observation_id": a["observation_id"], "relation": "supports"},
+                {"observation_id": b["observation_id"], "relation": "contradicts"}]}]}, key)
+    yield disputes
+
+    def transitions():
+        assert api.post(f"/v1/claims/{claims[0]}/supersede", {"expected_version": 1,
+                                                              "statement": "deploy needs two smokes"},
+                        key).status_code == 201
+        assert api.post(f"/v1/claims/{claims[1]}/revoke", {"expected_version": 1}, key).status_code == 200
+        assert api.post(f"/v1/claims/{claims[2]}/expire", {"expected_version": 1}, key).status_code == 200
+    yield transitions
+
+    def feedback():
+        pack = api.compile(key, "deploy smoke test").json()["data"]
+        for item in pack["items"][:2]:
+            r = api.post(f"/v1/context/{pack['context_id']}/feedback",
+                         {"outcome": "useful", "claim_id": item["claim_id"]}, key)
+            assert r.status_code == 201, r.text
+    yield feedback
+
+
+def test_incremental_builds_keep_the_content_hash_and_the_candidate_index_exact(api, tmp_path, monkeypatch):
+    import apsw
+
+    from core import content_hash, lexical
+    scan = content_hash.scan
+    scans = []
+    monkeypatch.setattr(content_hash, "scan", lambda db: (scans.append(1), scan(db))[1])
+    key = api.key()
+    for i, step in enumerate(_lifecycle_steps(api, key)):
+        step()
+        builder = api.service.builder("acme")
+        result = builder.rebuild().as_dict()
+        # only the first build (from empty) reads every row and writes the index whole
+        assert builder.lexical_stats["mode"] == ("whole" if i == 0 else "incremental")
+        assert len(scans) == 1
+        pointer, path = _published_copy(api.service, tmp_path, f"g{i}.sqlite")
+        db = apsw.Connection(path)
+        stored = content_hash.decode(db.execute("SELECT value FROM meta WHERE key = ?",
+                                                (content_hash.META_KEY,)).fetchone()[0])
+        assert stored == scan(db)  # the sums kept row by row are the sums of the rows
+        assert content_hash.digest(stored) == pointer["content_hash"] == result["content_hash"]
+        incremental = (db.execute("SELECT * FROM lex_stats").fetchall(),
+                       db.execute("SELECT * FROM lex_postings ORDER BY subject_id, term").fetchall())
+        with db:
+            lexical.build_lexical_index(db)
+        assert incremental == (db.execute("SELECT * FROM lex_stats").fetchall(),
+                               db.execute("SELECT * FROM lex_postings ORDER BY subject_id, term").fetchall())
+        db.close()
+    scratch = api.service.builder("acme").rebuild(from_scratch=True)
+    assert scratch.content_hash == result["content_hash"]
+
+
+def test_an_incremental_build_starts_from_the_kept_file_without_downloading(store, tmp_path, monkeypatch):
+    _write(store, "acme", "one")
+    _builder(store, tmp_path).rebuild()
+    downloads = []
+    real = type(store).download_file
+    monkeypatch.setattr(type(store), "download_file", lambda self, k, p: (downloads.append(k), real(self, k, p)))
+    _write(store, "acme", "two")
+    result = _builder(store, tmp_path).rebuild()
+    assert result.entries_applied == 1 and downloads == []
+    assert len(_claim_ids(store, tmp_path)) == 2
+
+
+def test_a_kept_file_of_another_generation_is_not_used(store, tmp_path, monkeypatch):
+    _write(store, "acme", "one")
+    _builder(store, tmp_path).rebuild()
+    _write(store, "acme", "two")
+    _builder(store, tmp_path / "elsewhere").rebuild()  # generation 2, kept in another work directory
+    downloads = []
+    real = type(store).download_file
+    monkeypatch.setattr(type(store), "download_file", lambda self, k, p: (downloads.append(k), real(self, k, p)))
+    _write(store, "acme", "three")
+    result = _builder(store, tmp_path).rebuild()  # its kept file is generation 1
+    assert result.generation == 3 and result.entries_applied == 1 and len(downloads) == 1
+    assert len(_claim_ids(store, tmp_path)) == 3
+
+
+def test_a_published_file_beyond_the_keep_budget_is_not_kept(store, tmp_path):
+    _write(store, "acme", "one")
+    _builder(store, tmp_path, keep_bytes=0).rebuild()
+    assert not [n for n in (tmp_path / "work").iterdir() if n.name.startswith("kept-")]
