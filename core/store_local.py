@@ -17,6 +17,7 @@ import os
 import secrets
 import shutil
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -28,6 +29,11 @@ _LOCK_NAME = ".lock"
 
 def _etag(body: bytes) -> str:
     return '"' + hashlib.md5(body, usedforsecurity=False).hexdigest() + '"'
+
+
+def _file_etag(path: str) -> str:
+    with open(path, "rb") as f:
+        return '"' + hashlib.file_digest(f, lambda: hashlib.md5(usedforsecurity=False)).hexdigest() + '"'
 
 
 class LocalStore(Store):
@@ -62,11 +68,10 @@ class LocalStore(Store):
         directory = os.path.dirname(path)
         os.makedirs(directory, exist_ok=True)
         tmp = os.path.join(directory, _TMP_PREFIX + secrets.token_hex(8))
-        with open(tmp, "wb") as f:
-            if source is not None:
-                with open(source, "rb") as src:
-                    shutil.copyfileobj(src, f, 1 << 20)
-            else:
+        if source is not None:
+            shutil.copyfile(source, tmp)  # a kernel-side copy (sendfile) where the platform has one
+        with open(tmp, "ab" if source is not None else "wb") as f:
+            if source is None:
                 f.write(body or b"")
             f.flush()
             os.fsync(f.fileno())
@@ -151,13 +156,13 @@ class LocalStore(Store):
 
     def upload_file(self, key: str, path: str) -> str:
         target = self._path(key)
-        tmp = self._write_temp(target, source=path)
-        h = hashlib.md5(usedforsecurity=False)
-        with open(tmp, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
+        # the ETag's digest reads the source beside the copy, not after it
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            etag = pool.submit(_file_etag, path)
+            tmp = self._write_temp(target, source=path)
+            etag = etag.result()
         self._link_into_place(tmp, target, key)
-        return '"' + h.hexdigest() + '"'
+        return etag
 
     def download_file(self, key: str, path: str) -> None:
         source = self._path(key)
