@@ -28,6 +28,7 @@ class Settings:
     embedder: str | None
     rebuild_function: str | None = None
     embed_timeout_ms: int = 2000
+    rebuild_keep_bytes: int = 1 << 30
 
     @classmethod
     def from_env(cls, *, data_dir: str | None = None, store_url: str | None = None,
@@ -49,4 +50,5 @@ class Settings:
                    max_orgs=int(env.get("TITEN_MAX_ORGS") or 16),
                    embedder=env.get("TITEN_EMBEDDER") or None,
                    rebuild_function=env.get("TITEN_REBUILD_FUNCTION") or None,
-                   embed_timeout_ms=int(env.get("TITEN_EMBED_TIMEOUT_MS") or 2000))
+                   embed_timeout_ms=int(env.get("TITEN_EMBED_TIMEOUT_MS") or 2000),
+                   rebuild_keep_bytes=int(env.get("TITEN_REBUILD_KEEP_BYTES") or 1 << 30))

@@ -111,8 +111,7 @@ class SnapshotBuilder:
         self.progress = progress or (lambda message: None)
         self.before_publish = before_publish  # a test seam: a crash just before the swap
         # the published file stays in work_dir for the next build (0: never)
-        self.keep_bytes = keep_bytes if keep_bytes is not None else int(
-            os.environ.get("TITEN_REBUILD_KEEP_BYTES", DEFAULT_KEEP_BYTES))
+        self.keep_bytes = DEFAULT_KEEP_BYTES if keep_bytes is None else keep_bytes
         self.lexical_stats: dict | None = None  # what the last build did to the candidate index
 
     # -- public --------------------------------------------------------------

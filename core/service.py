@@ -65,7 +65,7 @@ class Service:
     def builder(self, org_id: str, progress=None) -> SnapshotBuilder:
         return SnapshotBuilder(self.store, org_id, work_dir=os.path.join(self.settings.cache_dir, "build"),
                                skew_seconds=self.settings.skew_seconds, progress=progress,
-                               embedder=self.embedder)
+                               embedder=self.embedder, keep_bytes=self.settings.rebuild_keep_bytes)
 
     def rebuild(self, org_id: str, *, from_scratch: bool = False, force: bool = False,
                 progress=None) -> RebuildResult:
