@@ -140,6 +140,13 @@ def test_upload_and_download_file_round_trip(store, tmp_path):
     assert out.read_bytes() == src.read_bytes()
 
 
+def test_upload_file_returns_the_etag_a_read_reports(store, tmp_path):
+    src = tmp_path / "snap.sqlite"
+    src.write_bytes(b"generation one" * 1000)
+    etag = store.upload_file("orgs/a/snapshots/000000000001.sqlite", str(src))
+    assert store.get("orgs/a/snapshots/000000000001.sqlite").etag == etag
+
+
 def test_upload_file_does_not_overwrite_an_existing_key(store, tmp_path):
     src = tmp_path / "f"
     src.write_bytes(b"new")
