@@ -24,8 +24,9 @@ from core.ledger import RUN_SUFFIX, Ledger
 from core.packing import (BudgetTooSmall, PackCandidate, assemble, dumps, item_fields, item_prefix, pack,
                            payload_tokens)
 from core.planning import MAX_TASK_CHARS, plan_query
-from core.ranking import RankInput, rank
-from core.retrieval import COL, CompileScope, disputed_for, hydrate, lexical_candidates, readable_evidence
+from core.ranking import ClaimSignals, RankInput, rank
+from core.retrieval import (COL, CompileScope, disputed_for, hydrate, in_scope, lexical_candidates,
+                            readable_evidence)
 from core.snapshot import SnapshotReader
 from core.validation import Fields
 
@@ -54,6 +55,40 @@ class CompileRequest:
 
 
 ITEM_VIEW_CACHE = 50_000  # views kept per generation (a few hundred bytes each)
+CLAIM_FACTS_CACHE = 50_000  # facts kept per generation (a few hundred bytes each, no claim text)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimFacts(ClaimSignals):
+    """What compile reads of a candidate on every request — its ranking
+    signals, kind, prefix estimate and dispute flags — the same for every
+    reader of a generation. Kept per generation (``Snapshot.claim_facts``)
+    once its row has been hydrated, so later requests only send the id
+    through the scoped query; ranking hands it back as ``Ranked.signals``.
+    The row itself is kept only when the claim looks different to different
+    readers (some evidence is not organization-visible: ``prefix_tokens`` is
+    None), since its view and its dispute are then worked out per reader."""
+    rowid: int
+    kind: str
+    prefix_tokens: int | None
+    disputed: bool
+    dispute_public: bool
+    row: tuple | None
+
+    @classmethod
+    def of_row(cls, row: tuple) -> "ClaimFacts":
+        prefix_tokens = row[COL["prefix_tokens"]]
+        return cls.of(row[COL["claim_id"]], row[COL["confidence"]], row[COL["trust_level"]], row[COL["created_s"]],
+                      row[COL["feedback_total"]], row[COL["feedback_positive"]], row[COL["feedback_negative"]],
+                      row[COL["rowid"]], row[COL["kind"]], prefix_tokens, bool(row[COL["disputed"]]),
+                      bool(row[COL["dispute_public"]]), row if prefix_tokens is None else None)
+
+    def disputed_for(self, principal: Principal) -> bool:
+        """``retrieval.disputed_for``: contradicting evidence another reader
+        may not see is only looked at when there is some (then the row is kept)."""
+        if self.dispute_public:
+            return True
+        return self.disputed and disputed_for(principal, self.row)
 
 
 @dataclass(frozen=True)
@@ -121,21 +156,11 @@ class Compiler:
         # 3. hydrate: semantic ids through the same scoped query as lexical ones
         bm25 = dict(matches)
         rowids = [rowid for rowid, _ in matches] + [rowid for rowid in similar if rowid not in bm25]
-        rows = hydrate(snapshot, scope, rowids) if rowids else []
+        facts = self._hydrate(snapshot, scope, rowids) if rowids else []
         lap("hydrate")
         # 4. rank
-        by_id = {}
-        inputs = []
-        for row in rows:
-            claim_id = row[COL["claim_id"]]
-            by_id[claim_id] = row
-            rowid = row[COL["rowid"]]
-            inputs.append(RankInput(claim_id, row[COL["confidence"]], row[COL["trust_level"]],
-                                    row[COL["created_s"]], row[COL["feedback_total"]],
-                                    row[COL["feedback_positive"]], row[COL["feedback_negative"]],
-                                    disputed_for(principal, row), bm25=bm25.get(rowid),
-                                    similarity=similar.get(rowid)))
-        ranked = rank(inputs, req.at_s)
+        ranked = rank([RankInput(f, f.disputed_for(principal), bm25.get(f.rowid), similar.get(f.rowid))
+                       for f in facts], req.at_s)
         lap("rank")
         # 5. pack
         context_hex = entry_hex()
@@ -148,17 +173,13 @@ class Compiler:
         views: dict[int, ItemView] = {}
         candidates = []
         for i, r in enumerate(ranked):
-            row = by_id[r.claim_id]
-            disputed = r.components["conflict"] == 1
-            prefix_tokens = row[COL["prefix_tokens"]]
-            if prefix_tokens is None or disputed:
+            f = r.signals  # the ClaimFacts ranked
+            if f.prefix_tokens is None or r.conflict:
                 # reader-dependent, or a conflict entry to price: the full view
-                views[i] = view = self._view(snapshot, principal, row, disputed)
-                candidates.append(PackCandidate(r.claim_id, row[COL["kind"]], view.prefix_tokens, r.score,
-                                                r.components, view.conflict_json))
+                views[i] = view = self._view(snapshot, scope, f, bool(r.conflict))
+                candidates.append(PackCandidate(f.claim_id, f.kind, view.prefix_tokens, r, view.conflict_json))
             else:
-                candidates.append(PackCandidate(r.claim_id, row[COL["kind"]], prefix_tokens, r.score,
-                                                r.components))
+                candidates.append(PackCandidate(f.claim_id, f.kind, f.prefix_tokens, r))
         try:
             result = pack(candidates, envelope, req.max_tokens)
         except BudgetTooSmall as exc:
@@ -169,7 +190,7 @@ class Compiler:
         charged = list(result.item_tokens)
         for i in picked:
             if i not in views:
-                views[i] = self._view(snapshot, principal, by_id[ranked[i].claim_id], False)
+                views[i] = self._view(snapshot, scope, ranked[i].signals, False)
         while True:
             items = [dict(views[i].fields, score=ranked[i].score, score_components=ranked[i].components)
                      for i in picked]
@@ -186,7 +207,7 @@ class Compiler:
                     "model": "enabled" if self.vectors is not None else "disabled"}
         if req.include_checkpoints:
             degraded["checkpoints"] = "unavailable"
-        meta = {"degraded": degraded, "candidates": len(rows), "at": req.at,
+        meta = {"degraded": degraded, "candidates": len(facts), "at": req.at,
                 "envelope_tokens": result.envelope_tokens, "generation": snapshot.generation if snapshot else 0}
         # record the run before answering
         stored = {k: v for k, v in data.items() if k != "query"}
@@ -194,7 +215,7 @@ class Compiler:
             "context_id": context_id, "key_id": principal.key_id,
             "task_sha256": hashlib.sha256(req.task.encode()).hexdigest(),
             "scope": {**data["scope"], "at": req.at, "workspaces": list(principal.workspaces)},
-            "budget": data["budget"], "degraded": degraded, "candidates": len(rows),
+            "budget": data["budget"], "degraded": degraded, "candidates": len(facts),
             "items": [{"claim_id": i["claim_id"], "score": i["score"],
                        "score_components": i["score_components"]} for i in data["items"]],
             "pack": stored}, actor=principal.principal_id, entry_hex=context_hex, suffix=RUN_SUFFIX)
@@ -214,22 +235,42 @@ class Compiler:
             return {}, "error"
 
     @staticmethod
-    def _view(snapshot, principal: Principal, row: tuple, disputed: bool) -> "ItemView":
+    def _hydrate(snapshot, scope: CompileScope, rowids: list[int]) -> list[ClaimFacts]:
+        """Step 3: the facts of the candidates the scope admits. A claim's row
+        is read in full the first time its generation serves it; after that
+        only its id goes through the scoped query (``in_scope``)."""
+        known = snapshot.claim_facts
+        held = [rowid for rowid in rowids if rowid in known]
+        facts = [known[rowid] for rowid in in_scope(snapshot, scope, held)] if held else []
+        if len(held) < len(rowids):
+            rows = hydrate(snapshot, scope, [rowid for rowid in rowids if rowid not in known])
+            if len(known) + len(rows) > CLAIM_FACTS_CACHE:
+                known.clear()
+            for row in rows:
+                f = known[row[COL["rowid"]]] = ClaimFacts.of_row(row)
+                facts.append(f)
+        return facts
+
+    @staticmethod
+    def _view(snapshot, scope: CompileScope, facts: ClaimFacts, disputed: bool) -> "ItemView":
         """The item as this reader sees it, minus its score. A claim whose
         evidence is all organization-visible looks the same to every reader,
         so its view (and the estimate of its serialized prefix) is built once
-        per generation and kept on the snapshot."""
-        claim_id = row[COL["claim_id"]]
+        per generation and kept on the snapshot; its row is read again for
+        that, through the same scoped query."""
+        claim_id = facts.claim_id
+        if facts.row is not None:  # evidence not all organization-visible: per reader
+            principal = scope.principal
+            return ItemView.build(facts.row, readable_evidence(principal, facts.row[COL["evidence_json"]]),
+                                  disputed)
         view = snapshot.item_views.get(claim_id)
         if view is None:
+            (row,) = hydrate(snapshot, scope, [facts.rowid])
             evidence = json.loads(row[COL["evidence_json"]])
-            public = all(e[2] == "organization" for e in evidence)
-            view = ItemView.build(row, [(e[0], e[1]) for e in evidence], disputed) if public else False
+            view = ItemView.build(row, [(e[0], e[1]) for e in evidence], disputed)
             if len(snapshot.item_views) >= ITEM_VIEW_CACHE:
                 snapshot.item_views.clear()
             snapshot.item_views[claim_id] = view
-        if view is False:
-            return ItemView.build(row, readable_evidence(principal, row[COL["evidence_json"]]), disputed)
         return view
 
     # -- stored packs ------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from core.domain import INSTRUCTIONS, POLICY_SNAPSHOT
 from core.tokens import estimate_tokens
@@ -75,23 +76,38 @@ class BudgetTooSmall(Exception):
         self.needed = needed
 
 
+class Scored(Protocol):
+    """What the packer reads of a ranked claim, and only when it prices the
+    item: ``core.ranking.Ranked`` builds its rounded components on first use."""
+    score: float
+    components: dict
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    """A score and its components known up front (a ``Scored``)."""
+    score: float
+    components: dict
+
+
 @dataclass(slots=True)
 class PackCandidate:
     """One ranked claim as the packer sees it. Its item serializes as
     ``prefix + suffix`` (``item_prefix``/``item_suffix``): the prefix — every
     field but the score — is the same for every request on a generation, so
     its estimate is computed once; by subadditivity of the estimate,
-    ``prefix_tokens + payload_tokens(suffix)`` never undercounts the item."""
+    ``prefix_tokens + payload_tokens(suffix)`` never undercounts the item.
+    Most candidates are skipped on kind and prefix alone, so the score is
+    read (and its suffix serialized) only for those actually priced."""
     claim_id: str
     kind: str
     prefix_tokens: int
-    score: float
-    components: dict
+    scored: Scored
     conflict: str | None = None  # the serialized conflict entry, for a disputed item
 
     @property
     def suffix(self) -> str:
-        return item_suffix(self.score, self.components)
+        return item_suffix(self.scored.score, self.scored.components)
 
 
 @dataclass

@@ -14,6 +14,11 @@ Pure, no I/O. Each component is in [0, 1]:
 score = round(confidence × Σ weight × component, 6); components are reported
 rounded to 6 decimals. Ties break by relevance, then claim id, so a ranking
 never depends on row order.
+
+A claim's trust and utility (and confidence) are the same for every request
+on a snapshot generation: ``ClaimSignals`` holds them, computed once, so the
+caller can keep them per generation; a ``RankInput`` adds what the request
+decides (dispute as this reader sees it, BM25, similarity).
 """
 
 from __future__ import annotations
@@ -26,25 +31,74 @@ HALF_LIFE_DAYS = 90
 MIN_FEEDBACK_SIGNALS = 3
 
 
-@dataclass(slots=True)  # built ~200 times per compile: frozen init costs 4x
-class RankInput:
+_W_REL, _W_TRUST, _W_REC, _W_UTIL, _W_CONF = (WEIGHTS[k] for k in ("relevance", "trust", "recency", "utility",
+                                                                     "conflict"))
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimSignals:
+    """The parts of a claim's score no request changes. ``weighted_trust``
+    and ``weighted_utility`` are the products the score sums, computed once
+    (the same floats the sum would compute: the score is bit-identical).
+    A caller may subclass it to keep its own per-claim facts alongside:
+    ``Ranked.signals`` hands the same object back."""
     claim_id: str
     confidence: float
-    trust_level: int
     created_s: float
-    feedback_total: int
-    feedback_positive: int
-    feedback_negative: int
-    disputed: bool
+    trust: float
+    utility: float
+    weighted_trust: float
+    weighted_utility: float
+
+    @classmethod
+    def of(cls, claim_id: str, confidence: float, trust_level: int, created_s: float, feedback_total: int,
+           feedback_positive: int, feedback_negative: int, *more):
+        """``more``: a subclass's own fields, in order."""
+        t = trust(trust_level)
+        u = utility(feedback_total, feedback_positive, feedback_negative)
+        return cls(claim_id, confidence, created_s, t, u, _W_TRUST * t, _W_UTIL * u, *more)
+
+
+@dataclass(slots=True)  # built ~200 times per compile: frozen init costs 4x
+class RankInput:
+    signals: ClaimSignals
+    disputed: bool                   # as this reader sees it
     bm25: float | None = None        # FTS5 bm25(): lower is better, None when unmatched
     similarity: float | None = None  # semantic similarity, None when not a semantic hit
 
 
-@dataclass(slots=True)
 class Ranked:
-    claim_id: str
-    score: float
-    components: dict
+    """One ranked claim: its score and the unrounded components behind it.
+
+    The rounded ``components`` reported with an item are built on first use:
+    of ~200 ranked candidates the packer prices about a dozen and sends a
+    handful, and five round() calls per candidate were a fifth of compile."""
+    __slots__ = ("signals", "score", "relevance", "recency", "conflict", "_components")
+
+    def __init__(self, signals: ClaimSignals, score: float, relevance: float, recency: float, conflict: float):
+        self.signals = signals
+        self.score = score
+        self.relevance = relevance
+        self.recency = recency
+        self.conflict = conflict
+        self._components = None
+
+    @property
+    def claim_id(self) -> str:
+        return self.signals.claim_id
+
+    @property
+    def components(self) -> dict:
+        """The components as reported: rounded to 6 decimals, in weight order."""
+        if self._components is None:
+            s = self.signals
+            self._components = {"relevance": round(self.relevance, 6), "trust": round(s.trust, 6),
+                                "recency": round(self.recency, 6), "utility": round(s.utility, 6),
+                                "conflict": self.conflict}
+        return self._components
+
+    def __repr__(self) -> str:
+        return f"Ranked({self.claim_id!r}, {self.score!r})"
 
 
 def recency(created_s: float, at_s: float) -> float:
@@ -66,6 +120,13 @@ def relevances(candidates: list[RankInput]) -> list[float]:
     """Lexical strengths rescaled to the best one; semantic likewise; larger wins."""
     strengths = [(-c.bm25 if c.bm25 is not None else 0.0) for c in candidates]
     best = max(strengths, default=0.0)
+    if not any(c.similarity is not None for c in candidates):
+        # lexical only (no vector capability): the semantic side is 0 for every
+        # candidate, so max(lexical, 0.0) is the lexical part floored at 0
+        if best > 0:
+            return [(s / best if s >= 0 else 0.0) if c.bm25 is not None else 0.0
+                    for c, s in zip(candidates, strengths)]
+        return [(1.0 if c.bm25 is not None else 0.0) for c in candidates]
     sims = [(c.similarity if c.similarity is not None else 0.0) for c in candidates]
     best_sim = max(sims, default=0.0)
     out = []
@@ -77,17 +138,45 @@ def relevances(candidates: list[RankInput]) -> list[float]:
 
 
 def rank(candidates: list[RankInput], at_s: float) -> list[Ranked]:
-    w_rel, w_trust, w_rec, w_util, w_conf = (WEIGHTS[k] for k in
-                                             ("relevance", "trust", "recency", "utility", "conflict"))
+    """The candidates, best first. Per candidate only the float score is
+    computed, summed in the documented order (relevance, trust, recency,
+    utility, conflict); the rounded components wait until asked for."""
+    by_day: dict[int, float] = {}  # recency memo: many candidates share an age in whole days
     ranked = []
     for c, rel in zip(candidates, relevances(candidates)):
-        t = trust(c.trust_level)
-        rec = recency(c.created_s, at_s)
-        util = utility(c.feedback_total, c.feedback_positive, c.feedback_negative)
+        s = c.signals
+        days = math.floor((at_s - s.created_s) / 86400)  # recency()'s own day count: one key, one value
+        rec = by_day.get(days)
+        if rec is None:
+            rec = by_day[days] = recency(s.created_s, at_s)
         conf = 1.0 if c.disputed else 0.0
-        raw = w_rel * rel + w_trust * t + w_rec * rec + w_util * util + w_conf * conf
-        ranked.append(Ranked(c.claim_id, round(raw * c.confidence, 6),
-                             {"relevance": round(rel, 6), "trust": round(t, 6), "recency": round(rec, 6),
-                              "utility": round(util, 6), "conflict": conf}))
-    ranked.sort(key=lambda r: (-r.score, -r.components["relevance"], r.claim_id))
+        raw = _W_REL * rel + s.weighted_trust + _W_REC * rec + s.weighted_utility + _W_CONF * conf
+        ranked.append(Ranked(s, round(raw * s.confidence, 6), rel, rec, conf))
+    return in_rank_order(ranked)
+
+
+def in_rank_order(ranked: list[Ranked]) -> list[Ranked]:
+    """Sorted by score, ties by reported (rounded) relevance, then claim id —
+    so a ranking never depends on row order. Rounding the relevance of every
+    candidate for a tie-break that rarely applies is the costly part of the
+    key, so the list is sorted by score alone (stable) and only runs of equal
+    scores are re-sorted by the full key."""
+    ranked.sort(key=_score_of, reverse=True)
+    i, n = 0, len(ranked)
+    while i < n:
+        score = ranked[i].score
+        j = i + 1
+        while j < n and ranked[j].score == score:
+            j += 1
+        if j - i > 1:
+            ranked[i:j] = sorted(ranked[i:j], key=_tie_key)
+        i = j
     return ranked
+
+
+def _score_of(r: Ranked) -> float:
+    return r.score
+
+
+def _tie_key(r: Ranked) -> tuple[float, str]:
+    return -round(r.relevance, 6), r.claim_id

@@ -71,12 +71,22 @@ def fts_candidates(db, where: str, params: list, match: str, k: int = MAX_CANDID
 
 def hydrate(snapshot: Snapshot, scope: CompileScope, rowids: list[int]) -> list[tuple]:
     """Step 3: the claim rows for candidate ids, through the same scope."""
+    return _scoped(snapshot, scope, rowids, CLAIM_COLUMNS)
+
+
+def in_scope(snapshot: Snapshot, scope: CompileScope, rowids: list[int]) -> list[int]:
+    """Step 3 for claims whose row the caller already holds from this
+    generation: the hydrate query itself, reading back only the ids it admits."""
+    return [rowid for rowid, in _scoped(snapshot, scope, rowids, "c.rowid")]
+
+
+def _scoped(snapshot: Snapshot, scope: CompileScope, rowids: list[int], columns: str) -> list[tuple]:
     if not rowids:
         return []
     where, params = scope.where()
     # ids bound as one carray: the planner then always reads claims by rowid
     # (with a literal IN list it may walk the subject's scope index instead)
-    sql = f"SELECT {CLAIM_COLUMNS} FROM claims c WHERE c.rowid IN carray(?) AND {where}"
+    sql = f"SELECT {columns} FROM claims c WHERE c.rowid IN carray(?) AND {where}"
     return list(snapshot.db.execute(sql, [apsw.carray(array("q", rowids)), *params]))
 
 

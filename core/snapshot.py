@@ -39,6 +39,7 @@ class Snapshot:
     db: apsw.Connection
     watermark: str
     item_views: dict = field(default_factory=dict)  # claim_id -> compile's per-generation item view
+    claim_facts: dict = field(default_factory=dict)  # rowid -> compile's per-generation ClaimFacts
     meta: dict = field(default_factory=dict)  # the snapshot's meta table
 
     @property

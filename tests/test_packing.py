@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.domain import CLAIM_KINDS, INSTRUCTIONS, POLICY_SNAPSHOT
-from core.packing import (MAX_PER_KIND, BudgetTooSmall, PackCandidate, assemble, dumps, envelope_cost,
+from core.packing import (MAX_PER_KIND, BudgetTooSmall, PackCandidate, Score, assemble, dumps, envelope_cost,
                           item_prefix, item_suffix, pack)
 from core.packing import payload_tokens as estimate_tokens
 
@@ -43,7 +43,7 @@ def candidates_of(ranked):
     return [PackCandidate(item["claim_id"], item["kind"],
                           estimate_tokens(item_prefix({k: v for k, v in item.items()
                                                        if k not in ("score", "score_components")})),
-                          item["score"], item["score_components"], dumps(conflict) if conflict else None)
+                          Score(item["score"], item["score_components"]), dumps(conflict) if conflict else None)
             for item, conflict in ranked]
 
 

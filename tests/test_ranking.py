@@ -2,7 +2,7 @@
 
 import pytest
 
-from core.ranking import RankInput, rank, recency, relevances, trust, utility
+from core.ranking import ClaimSignals, RankInput, rank, recency, relevances, trust, utility
 
 DAY = 86400.0
 
@@ -28,11 +28,10 @@ def test_utility_is_neutral_below_three_signals_and_moves_after(total, positive,
     assert utility(total, positive, negative) == pytest.approx(expected)
 
 
-def _input(claim_id, bm25=-2.0, **kw):
-    base = dict(confidence=1.0, trust_level=0, created_s=0.0, feedback_total=0, feedback_positive=0,
-                feedback_negative=0, disputed=False)
-    base.update(kw)
-    return RankInput(claim_id, bm25=bm25, **base)
+def _input(claim_id, bm25=-2.0, *, confidence=1.0, trust_level=0, created_s=0.0, feedback=(0, 0, 0),
+           disputed=False, similarity=None):
+    signals = ClaimSignals.of(claim_id, confidence, trust_level, created_s, *feedback)
+    return RankInput(signals, disputed, bm25=bm25, similarity=similarity)
 
 
 def test_relevance_is_bm25_strength_over_the_best_in_the_candidate_set():
@@ -63,3 +62,22 @@ def test_worked_example_score_and_its_disputed_twin():
 def test_ties_break_by_claim_id_whatever_the_input_order():
     a, b = _input("claim_1"), _input("claim_2")
     assert [r.claim_id for r in rank([b, a], 0.0)] == [r.claim_id for r in rank([a, b], 0.0)] == ["claim_1", "claim_2"]
+
+
+def test_equal_scores_break_by_reported_relevance_before_claim_id():
+    # 0.65 x 0.625 and 0.625 x 0.65: the same score from different components
+    strong = _input("claim_z", -4.0, confidence=0.625)
+    weak = _input("claim_a", -2.0, confidence=0.65, trust_level=3)
+    first, second = rank([weak, strong], at_s=0.0)
+    assert first.score == second.score == 0.40625
+    assert (first.claim_id, first.components["relevance"]) == ("claim_z", 1.0)
+    assert (second.claim_id, second.components["relevance"]) == ("claim_a", 0.5)
+
+
+def test_signals_that_no_request_changes_are_the_documented_components():
+    signals = ClaimSignals.of("claim_1", 0.9, trust_level=2, created_s=0.0, feedback_total=4, feedback_positive=3,
+                              feedback_negative=1)
+    assert (signals.trust, signals.utility) == (trust(2), utility(4, 3, 1))
+    (r,) = rank([RankInput(signals, False, bm25=-1.0)], at_s=0.0)
+    assert r.components == {"relevance": 1.0, "trust": 0.666667, "recency": 1.0, "utility": 0.75, "conflict": 0.0}
+    assert r.score == round(0.9 * (0.45 + 0.2 * 2 / 3 + 0.15 + 0.1 * 0.75), 6)
