@@ -114,7 +114,7 @@ def run_size(n: int, workload: dict, *, progress=corpus._log) -> dict:
 
         # The bare FTS5 candidate query (the floor the issue measures against),
         # same scope and MATCH as compile builds, and the candidate step compile
-        # actually runs (postings with MaxScore, exact, FTS5 as the fallback).
+        # actually runs (precomputed postings summed with numpy, exact, FTS5 as the fallback).
         progress(f"n={n}: bare FTS5 candidate queries")
         scope = CompileScope(principal, subject, None, canonical(now_utc()))
         where, params = scope.where()
