@@ -120,6 +120,7 @@ class CompileOutcome:
     data: dict
     meta: dict
     timings: dict = field(default_factory=dict)
+    data_json: str | None = None  # ``dumps(data)``: the bytes whose estimate fit the budget
 
 
 class Compiler:
@@ -196,7 +197,8 @@ class Compiler:
                      for i in picked]
             conflicts = [views[i].conflict for i in picked if views[i].conflict]
             data = assemble(envelope, items, conflicts, sum(charged))
-            if not picked or payload_tokens(dumps(data)) <= req.max_tokens:
+            data_json = dumps(data)  # estimated here, sent as is (core.http)
+            if not picked or payload_tokens(data_json) <= req.max_tokens:
                 break
             # The estimate is subadditive, so this never runs in practice; it
             # keeps the budget promise even if a boundary merge ever costs more.
@@ -220,7 +222,7 @@ class Compiler:
                        "score_components": i["score_components"]} for i in data["items"]],
             "pack": stored}, actor=principal.principal_id, entry_hex=context_hex, suffix=RUN_SUFFIX)
         lap("record")
-        return CompileOutcome(data, meta, timings)
+        return CompileOutcome(data, meta, timings, data_json)
 
     def _semantic(self, snapshot, scope: CompileScope, task: str) -> tuple[dict[int, float], str]:
         """(rowid → similarity, vector state). Any failure of the embedder or

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from starlette.applications import Starlette
@@ -32,8 +33,26 @@ log = logging.getLogger("titen.http")
 
 
 def envelope(status: int, payload: dict, request_id: str) -> Response:
-    return Response(dumps(payload), status_code=status, media_type="application/json",
+    return json_response(status, dumps(payload), request_id)
+
+
+def json_response(status: int, body: str, request_id: str) -> Response:
+    return Response(body, status_code=status, media_type="application/json",
                     headers={"x-request-id": request_id, "cache-control": "no-store"})
+
+
+@dataclass(frozen=True)
+class Serialized:
+    """A route's ``data`` already serialized with ``dumps``: compile sends
+    the very text it estimated against the budget, not a second encoding."""
+    json: str
+
+
+def success_body(data, meta: dict) -> str:
+    """``dumps({"data": data, "meta": meta})``, byte for byte."""
+    if isinstance(data, Serialized):
+        return '{"data":' + data.json + ',"meta":' + dumps(meta) + "}"
+    return dumps({"data": data, "meta": meta})
 
 
 def error_response(exc: TitenError, request_id: str) -> Response:
@@ -65,7 +84,7 @@ def endpoint(service: Service, *, auth: bool = True, body: bool = False):
                 principal = service.keys.authenticate(request.headers.get("authorization")) if auth else None
                 payload = await read_body(request) if body else None
                 status, data, meta = fn(request, principal, payload)
-                return envelope(status, {"data": data, "meta": {"request_id": request_id, **meta}}, request_id)
+                return json_response(status, success_body(data, {"request_id": request_id, **meta}), request_id)
             except TitenError as exc:
                 return error_response(exc, request_id)
             except StoreError:
@@ -146,7 +165,7 @@ def create_app(service: Service) -> Starlette:
     @endpoint(service, body=True)
     def compile_context(request, principal, body):
         outcome = service.compiler.compile(principal, body)
-        return 200, outcome.data, outcome.meta
+        return 200, Serialized(outcome.data_json), outcome.meta
 
     @endpoint(service)
     def stored_context(request, principal, body):

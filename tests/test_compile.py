@@ -233,3 +233,22 @@ def test_compiling_alone_never_causes_a_new_generation(api, twins):
         api.compile(twins["key"], "deploy smoke")
     result = api.rebuild(twins["key"])
     assert result["published"] is False and result["entries_applied"] == 0
+
+
+def test_what_one_reader_compiled_on_a_generation_never_widens_anothers_scope(api):
+    """Compile keeps a claim's reader-independent facts per generation once
+    hydrated; every later request still sends each id through its own scoped
+    query, so a claim the owner compiled first stays invisible to others."""
+    alice, bob = api.key(principal="alice"), api.key(principal="bob")
+    private = api.observe(alice, visibility="private", claim={"statement": "deploy rule private",
+                                                              "kind": "procedural", "confidence": 0.9})
+    public = api.observe(alice, claim={"statement": "deploy rule public", "kind": "procedural", "confidence": 0.9})
+    api.rebuild(alice)
+    for _ in range(2):
+        mine = api.compile(alice, "deploy rule").json()
+        assert {i["claim_id"] for i in mine["data"]["items"]} == {private["claim_id"], public["claim_id"]}
+        theirs = api.compile(bob, "deploy rule").json()
+        assert [i["claim_id"] for i in theirs["data"]["items"]] == [public["claim_id"]]
+        assert theirs["meta"]["candidates"] == 1
+        narrowed = api.compile(alice, "deploy rule", project_id="proj_other").json()
+        assert narrowed["meta"]["candidates"] == 0
