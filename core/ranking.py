@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from operator import attrgetter
 
 WEIGHTS = {"relevance": 0.45, "trust": 0.20, "recency": 0.15, "utility": 0.10, "conflict": 0.10}
 HALF_LIFE_DAYS = 90
@@ -70,22 +71,30 @@ class RankInput:
 class Ranked:
     """One ranked claim: its score and the unrounded components behind it.
 
-    The rounded ``components`` reported with an item are built on first use:
-    of ~200 ranked candidates the packer prices about a dozen and sends a
-    handful, and five round() calls per candidate were a fifth of compile."""
-    __slots__ = ("signals", "score", "relevance", "recency", "conflict", "_components")
+    What is reported is rounded to 6 decimals: ``score`` and ``components``
+    are rounded on first use. Of ~200 ranked candidates the packer prices
+    about a dozen and sends a handful, and round() on every score and
+    component was a fifth of compile."""
+    __slots__ = ("signals", "weighted", "relevance", "recency", "conflict", "_score", "_components")
 
-    def __init__(self, signals: ClaimSignals, score: float, relevance: float, recency: float, conflict: float):
+    def __init__(self, signals: ClaimSignals, weighted: float, relevance: float, recency: float, conflict: float):
         self.signals = signals
-        self.score = score
+        self.weighted = weighted  # confidence × Σ weight × component, unrounded
         self.relevance = relevance
         self.recency = recency
         self.conflict = conflict
+        self._score = None
         self._components = None
 
     @property
     def claim_id(self) -> str:
         return self.signals.claim_id
+
+    @property
+    def score(self) -> float:
+        if self._score is None:
+            self._score = round(self.weighted, 6)
+        return self._score
 
     @property
     def components(self) -> dict:
@@ -142,41 +151,50 @@ def rank(candidates: list[RankInput], at_s: float) -> list[Ranked]:
     computed, summed in the documented order (relevance, trust, recency,
     utility, conflict); the rounded components wait until asked for."""
     by_day: dict[int, float] = {}  # recency memo: many candidates share an age in whole days
+    remembered = by_day.get
+    floor = math.floor
     ranked = []
+    append = ranked.append
     for c, rel in zip(candidates, relevances(candidates)):
         s = c.signals
-        days = math.floor((at_s - s.created_s) / 86400)  # recency()'s own day count: one key, one value
-        rec = by_day.get(days)
+        days = floor((at_s - s.created_s) / 86400)  # recency()'s own day count: one key, one value
+        rec = remembered(days)
         if rec is None:
             rec = by_day[days] = recency(s.created_s, at_s)
         conf = 1.0 if c.disputed else 0.0
         raw = _W_REL * rel + s.weighted_trust + _W_REC * rec + s.weighted_utility + _W_CONF * conf
-        ranked.append(Ranked(s, round(raw * s.confidence, 6), rel, rec, conf))
+        append(Ranked(s, raw * s.confidence, rel, rec, conf))
     return in_rank_order(ranked)
 
 
+# Two values more than this apart never round to the same 6 decimals (a
+# rounding bucket is 1e-6 wide; the margin covers float error many times over).
+_DISTINCT = 2e-6
+
+
 def in_rank_order(ranked: list[Ranked]) -> list[Ranked]:
-    """Sorted by score, ties by reported (rounded) relevance, then claim id —
-    so a ranking never depends on row order. Rounding the relevance of every
-    candidate for a tie-break that rarely applies is the costly part of the
-    key, so the list is sorted by score alone (stable) and only runs of equal
-    scores are re-sorted by the full key."""
-    ranked.sort(key=_score_of, reverse=True)
+    """Sorted by reported (rounded) score, ties by reported relevance, then
+    claim id — so a ranking never depends on row order.
+
+    Rounding is monotone, so sorting by the unrounded score already orders
+    any two candidates whose rounded scores differ. Only a cluster of
+    neighbours closer than ``_DISTINCT`` can hold equal rounded scores: each
+    such cluster alone is re-sorted by the full key. The rest are never
+    rounded here at all."""
+    ranked.sort(key=_weighted, reverse=True)
     i, n = 0, len(ranked)
     while i < n:
-        score = ranked[i].score
         j = i + 1
-        while j < n and ranked[j].score == score:
+        while j < n and ranked[j - 1].weighted - ranked[j].weighted <= _DISTINCT:
             j += 1
         if j - i > 1:
-            ranked[i:j] = sorted(ranked[i:j], key=_tie_key)
+            ranked[i:j] = sorted(ranked[i:j], key=_full_key)
         i = j
     return ranked
 
 
-def _score_of(r: Ranked) -> float:
-    return r.score
+_weighted = attrgetter("weighted")
 
 
-def _tie_key(r: Ranked) -> tuple[float, str]:
-    return -round(r.relevance, 6), r.claim_id
+def _full_key(r: Ranked) -> tuple[float, float, str]:
+    return -r.score, -round(r.relevance, 6), r.claim_id

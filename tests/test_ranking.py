@@ -1,5 +1,7 @@
 """The five score components and their combination, as tables (pure)."""
 
+import random
+
 import pytest
 
 from core.ranking import ClaimSignals, RankInput, rank, recency, relevances, trust, utility
@@ -81,3 +83,20 @@ def test_signals_that_no_request_changes_are_the_documented_components():
     (r,) = rank([RankInput(signals, False, bm25=-1.0)], at_s=0.0)
     assert r.components == {"relevance": 1.0, "trust": 0.666667, "recency": 1.0, "utility": 0.75, "conflict": 0.0}
     assert r.score == round(0.9 * (0.45 + 0.2 * 2 / 3 + 0.15 + 0.1 * 0.75), 6)
+
+
+def test_order_is_by_reported_score_then_reported_relevance_then_claim_id_even_when_crowded():
+    """Scores are compared as reported (rounded to 6 decimals): candidates
+    drawn from a few values, so exact and near ties abound, come out exactly
+    in the order of the documented key, whatever the input order."""
+    rng = random.Random(5)
+    for _ in range(200):
+        cands = [_input(f"claim_{i:03d}", rng.choice([-1.0, -2.0, -2.0000001, -3.0, None]),
+                        confidence=rng.choice([0.5, 0.9, 0.9000001, 1.0]), trust_level=rng.randrange(4),
+                        created_s=rng.choice([0.0, -DAY * 90, -DAY * 90.5]), disputed=rng.random() < 0.2)
+                 for i in range(rng.randint(0, 40))]
+        rng.shuffle(cands)
+        ranked = rank(cands, at_s=0.0)
+        keys = [(-r.score, -r.components["relevance"], r.claim_id) for r in ranked]
+        assert keys == sorted(keys)
+        assert sorted(r.claim_id for r in ranked) == sorted(c.signals.claim_id for c in cands)
