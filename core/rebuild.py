@@ -136,6 +136,10 @@ class SnapshotBuilder:
                     sums = row_digests.sums
                 if (pointer is not None and applied == 0 and not from_scratch and not force
                         and self._vectors_current(pointer)):
+                    if db.total_changes() == 0:
+                        # untouched: still exactly the published file, so keep it
+                        db.close()
+                        self._keep(work, pointer["snapshot_key"], pointer["sha256"], os.path.getsize(work))
                     return RebuildResult(self.org_id, pointer["generation"], False, 0,
                                          pointer["content_hash"], pointer["claim_count"],
                                          pointer["bytes"], time.monotonic() - started,
@@ -524,6 +528,7 @@ def rollback(store: Store, org_id: str, generation: int) -> dict:
     work = os.path.join(tempfile.gettempdir(), f"rollback-{secrets.token_hex(6)}.sqlite")
     try:
         store.download_file(target["snapshot_key"], work)
+        size = os.path.getsize(work)
         if file_sha256(work) != target["sha256"]:
             raise ValueError(f"generation {generation} fails its sha256 check; not rolled back")
         db = apsw.Connection(work, flags=apsw.SQLITE_OPEN_READONLY)
@@ -537,7 +542,7 @@ def rollback(store: Store, org_id: str, generation: int) -> dict:
     history = ([{"generation": new_generation, "snapshot_key": target["snapshot_key"], "sha256": target["sha256"]}]
                + pointer.get("history", []))[:KEEP_GENERATIONS + 1]
     record = {"org_id": org_id, "generation": new_generation, "snapshot_key": target["snapshot_key"],
-              "sha256": target["sha256"], "bytes": pointer.get("bytes", 0), "content_hash": digest,
+              "sha256": target["sha256"], "bytes": size, "content_hash": digest,
               "claim_count": claims, "published_at": canonical(now_utc()), "rolled_back_to": generation,
               "history": history}
     store.compare_and_swap(pointer_key(org_id), json.dumps(record, indent=1).encode(), etag)

@@ -281,6 +281,18 @@ def test_an_incremental_build_starts_from_the_kept_file_without_downloading(stor
     assert len(_claim_ids(store, tmp_path)) == 2
 
 
+def test_a_build_with_nothing_new_keeps_the_file_for_the_next_one(store, tmp_path, monkeypatch):
+    _write(store, "acme", "one")
+    _builder(store, tmp_path).rebuild()
+    assert not _builder(store, tmp_path).rebuild().published
+    downloads = []
+    real = type(store).download_file
+    monkeypatch.setattr(type(store), "download_file", lambda self, k, p: (downloads.append(k), real(self, k, p)))
+    _write(store, "acme", "two")
+    assert _builder(store, tmp_path).rebuild().entries_applied == 1 and downloads == []
+    assert len(_claim_ids(store, tmp_path)) == 2
+
+
 def test_a_kept_file_of_another_generation_is_not_used(store, tmp_path, monkeypatch):
     _write(store, "acme", "one")
     _builder(store, tmp_path).rebuild()
@@ -299,3 +311,41 @@ def test_a_published_file_beyond_the_keep_budget_is_not_kept(store, tmp_path):
     _write(store, "acme", "one")
     _builder(store, tmp_path, keep_bytes=0).rebuild()
     assert not [n for n in (tmp_path / "work").iterdir() if n.name.startswith("kept-")]
+
+
+# -- rollback ------------------------------------------------------------------------
+
+def test_rollback_serves_a_kept_generation_again_as_a_new_generation(store, tmp_path):
+    from core.rebuild import rollback
+    _write(store, "acme", "one")
+    first = _builder(store, tmp_path).rebuild()
+    _write(store, "acme", "two")
+    _builder(store, tmp_path).rebuild()
+    answer = rollback(store, "acme", 1)
+    pointer, _ = read_pointer(store, "acme")
+    assert answer == {"org_id": "acme", "generation": 3, "serving": 1}
+    assert (pointer["snapshot_key"], pointer["content_hash"], pointer["bytes"], pointer["rolled_back_to"]) == (
+        first.snapshot_key, first.content_hash, first.snapshot_bytes, 1)
+    assert len(_claim_ids(store, tmp_path)) == 1
+
+
+def test_the_build_after_a_rollback_applies_the_entries_after_its_watermark_again(store, tmp_path):
+    from core.rebuild import rollback
+    _write(store, "acme", "one")
+    _builder(store, tmp_path).rebuild()
+    ids = {_write(store, "acme", "two"), _write(store, "acme", "three")}
+    _builder(store, tmp_path).rebuild()
+    rollback(store, "acme", 1)
+    result = _builder(store, tmp_path).rebuild()  # its kept file is generation 2: not what the pointer names
+    assert result.generation == 4 and result.entries_applied == 2
+    assert ids < _claim_ids(store, tmp_path)
+
+
+def test_rollback_to_a_generation_no_longer_kept_changes_nothing(store, tmp_path):
+    from core.rebuild import rollback
+    _write(store, "acme", "one")
+    _builder(store, tmp_path).rebuild()
+    before = read_pointer(store, "acme")
+    with pytest.raises(ValueError, match="generation 7 is not kept; kept generations: 1"):
+        rollback(store, "acme", 7)
+    assert read_pointer(store, "acme") == before
