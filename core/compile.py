@@ -115,6 +115,17 @@ class ItemView:
                    dumps(conflict) if conflict else None)
 
 
+def stored_pack_json(data: dict, data_json: str) -> str:
+    """``dumps`` of the pack as stored — ``data`` without ``query`` — cut
+    out of ``data_json`` (``dumps(data)``), where ``query`` comes right after
+    ``context_id``, rather than encoded a second time."""
+    head = '{"context_id":' + dumps(data["context_id"]) + ","
+    query = '"query":' + dumps(data["query"]) + ","
+    if list(data)[:2] == ["context_id", "query"] and data_json.startswith(head + query):
+        return head + data_json[len(head) + len(query):]
+    return dumps({k: v for k, v in data.items() if k != "query"})
+
+
 @dataclass
 class CompileOutcome:
     data: dict
@@ -212,15 +223,15 @@ class Compiler:
         meta = {"degraded": degraded, "candidates": len(facts), "at": req.at,
                 "envelope_tokens": result.envelope_tokens, "generation": snapshot.generation if snapshot else 0}
         # record the run before answering
-        stored = {k: v for k, v in data.items() if k != "query"}
         self.ledger.append(principal.org_id, "context_run", {
             "context_id": context_id, "key_id": principal.key_id,
             "task_sha256": hashlib.sha256(req.task.encode()).hexdigest(),
             "scope": {**data["scope"], "at": req.at, "workspaces": list(principal.workspaces)},
             "budget": data["budget"], "degraded": degraded, "candidates": len(facts),
             "items": [{"claim_id": i["claim_id"], "score": i["score"],
-                       "score_components": i["score_components"]} for i in data["items"]],
-            "pack": stored}, actor=principal.principal_id, entry_hex=context_hex, suffix=RUN_SUFFIX)
+                       "score_components": i["score_components"]} for i in data["items"]]},
+            actor=principal.principal_id, entry_hex=context_hex, suffix=RUN_SUFFIX,
+            serialized={"pack": stored_pack_json(data, data_json)})
         lap("record")
         return CompileOutcome(data, meta, timings, data_json)
 

@@ -45,12 +45,22 @@ class Ledger:
         self.store = store
 
     def append(self, org_id: str, entry_type: str, payload: dict, *, actor: str,
-               entry_hex: str | None = None, suffix: str = ".json") -> dict:
-        """Durably store one entry; returns it (with ``entry_id``, ``recorded_at``)."""
+               entry_hex: str | None = None, suffix: str = ".json", serialized: dict[str, str] | None = None) -> dict:
+        """Durably store one entry; returns it (with ``entry_id``, ``recorded_at``).
+
+        ``serialized``: fields whose values are already JSON text in this
+        encoding, stored after ``payload``'s (and returned as that text) — a
+        compile's pack is encoded once, for its budget estimate, its response
+        and its run."""
         entry_hex = entry_hex or new_entry_hex()
         entry = {"entry_id": entry_hex, "type": entry_type, "org_id": org_id, "actor": actor,
                  "recorded_at": canonical(from_ms(int(entry_hex[:12], 16))), **payload}
-        self.store.put_if_absent(entry_key(org_id, entry_hex, suffix), encode(entry))
+        body = encode(entry)
+        if serialized:
+            fields = "".join(f",{json.dumps(k, ensure_ascii=False)}:{v}" for k, v in serialized.items())
+            body = body[:-1] + fields.encode() + b"}"
+            entry.update(serialized)
+        self.store.put_if_absent(entry_key(org_id, entry_hex, suffix), body)
         return entry
 
     def read(self, org_id: str, entry_hex: str, suffix: str = ".json") -> dict | None:
