@@ -25,8 +25,8 @@ from core.packing import (BudgetTooSmall, PackCandidate, assemble, dumps, item_f
                            payload_tokens)
 from core.planning import MAX_TASK_CHARS, plan_query
 from core.ranking import ClaimSignals, RankInput, rank
-from core.retrieval import (COL, CompileScope, disputed_for, hydrate, in_scope, lexical_candidates,
-                            readable_evidence)
+from core.retrieval import (COL, CompileScope, disputed_for, hydrate, hydrate_fields, in_scope,
+                            lexical_candidates, readable_evidence)
 from core.snapshot import SnapshotReader
 from core.validation import Fields
 
@@ -54,11 +54,15 @@ class CompileRequest:
         return cls(subject_id, task, max_tokens, project_id, include_checkpoints, canonical(at), at.timestamp())
 
 
+# what a first hydrate reads of a claim to build its ClaimFacts (in of_fields' order)
+FACT_FIELDS = ("rowid", "claim_id", "kind", "confidence", "trust_level", "created_s", "feedback_total",
+               "feedback_positive", "feedback_negative", "disputed", "dispute_public", "prefix_tokens")
+
 ITEM_VIEW_CACHE = 50_000  # views kept per generation (a few hundred bytes each)
 CLAIM_FACTS_CACHE = 50_000  # facts kept per generation (a few hundred bytes each, no claim text)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # shared per generation, never mutated; ~200 built per compile on a new one
 class ClaimFacts(ClaimSignals):
     """What compile reads of a candidate on every request — its ranking
     signals, kind, prefix estimate and dispute flags — the same for every
@@ -76,12 +80,13 @@ class ClaimFacts(ClaimSignals):
     row: tuple | None
 
     @classmethod
-    def of_row(cls, row: tuple) -> "ClaimFacts":
-        prefix_tokens = row[COL["prefix_tokens"]]
-        return cls.of(row[COL["claim_id"]], row[COL["confidence"]], row[COL["trust_level"]], row[COL["created_s"]],
-                      row[COL["feedback_total"]], row[COL["feedback_positive"]], row[COL["feedback_negative"]],
-                      row[COL["rowid"]], row[COL["kind"]], prefix_tokens, bool(row[COL["disputed"]]),
-                      bool(row[COL["dispute_public"]]), row if prefix_tokens is None else None)
+    def of_fields(cls, fields: tuple, row: tuple | None) -> "ClaimFacts":
+        """``fields``: the claim's FACT_FIELDS; ``row``: its full row
+        (CLAIM_FIELDS), needed only when ``prefix_tokens`` is None."""
+        (rowid, claim_id, kind, confidence, trust_level, created_s, total, positive, negative, disputed,
+         dispute_public, prefix_tokens) = fields
+        return cls.of(claim_id, confidence, trust_level, created_s, total, positive, negative, rowid, kind,
+                      prefix_tokens, bool(disputed), bool(dispute_public), row if prefix_tokens is None else None)
 
     def disputed_for(self, principal: Principal) -> bool:
         """``retrieval.disputed_for``: contradicting evidence another reader
@@ -249,18 +254,22 @@ class Compiler:
 
     @staticmethod
     def _hydrate(snapshot, scope: CompileScope, rowids: list[int]) -> list[ClaimFacts]:
-        """Step 3: the facts of the candidates the scope admits. A claim's row
-        is read in full the first time its generation serves it; after that
-        only its id goes through the scoped query (``in_scope``)."""
+        """Step 3: the facts of the candidates the scope admits. The first
+        time its generation serves a claim, the scoped query reads its
+        FACT_FIELDS (and its whole row only if the claim looks different to
+        different readers); after that only its id goes through the scoped
+        query (``in_scope``). The text a pack needs is read when packed."""
         known = snapshot.claim_facts
         held = [rowid for rowid in rowids if rowid in known]
         facts = [known[rowid] for rowid in in_scope(snapshot, scope, held)] if held else []
         if len(held) < len(rowids):
-            rows = hydrate(snapshot, scope, [rowid for rowid in rowids if rowid not in known])
-            if len(known) + len(rows) > CLAIM_FACTS_CACHE:
+            found = hydrate_fields(snapshot, scope, [rowid for rowid in rowids if rowid not in known], FACT_FIELDS)
+            per_reader = [f[0] for f in found if f[-1] is None]  # prefix_tokens None
+            rows = {row[COL["rowid"]]: row for row in hydrate(snapshot, scope, per_reader)} if per_reader else {}
+            if len(known) + len(found) > CLAIM_FACTS_CACHE:
                 known.clear()
-            for row in rows:
-                f = known[row[COL["rowid"]]] = ClaimFacts.of_row(row)
+            for fields in found:
+                f = known[fields[0]] = ClaimFacts.of_fields(fields, rows.get(fields[0]))
                 facts.append(f)
         return facts
 

@@ -80,6 +80,11 @@ def in_scope(snapshot: Snapshot, scope: CompileScope, rowids: list[int]) -> list
     return [rowid for rowid, in _scoped(snapshot, scope, rowids, "c.rowid")]
 
 
+def hydrate_fields(snapshot: Snapshot, scope: CompileScope, rowids: list[int], fields: tuple[str, ...]) -> list[tuple]:
+    """The hydrate query reading only ``fields`` (names from CLAIM_FIELDS)."""
+    return _scoped(snapshot, scope, rowids, ", ".join(f"c.{name}" for name in fields))
+
+
 def _scoped(snapshot: Snapshot, scope: CompileScope, rowids: list[int], columns: str) -> list[tuple]:
     if not rowids:
         return []
