@@ -205,9 +205,11 @@ class Compiler:
                 f"the task); the smallest budget that would is {exc.needed}") from None
         picked = list(result.picked)
         charged = list(result.item_tokens)
+        unseen = [ranked[i].signals for i in picked if i not in views]
+        rows = self._rows_to_view(snapshot, scope, unseen)
         for i in picked:
             if i not in views:
-                views[i] = self._view(snapshot, scope, ranked[i].signals, False)
+                views[i] = self._view(snapshot, scope, ranked[i].signals, False, rows.get(ranked[i].signals.rowid))
         while True:
             items = [dict(views[i].fields, score=ranked[i].score, score_components=ranked[i].components)
                      for i in picked]
@@ -274,12 +276,19 @@ class Compiler:
         return facts
 
     @staticmethod
-    def _view(snapshot, scope: CompileScope, facts: ClaimFacts, disputed: bool) -> "ItemView":
+    def _rows_to_view(snapshot, scope: CompileScope, facts: list[ClaimFacts]) -> dict[int, tuple]:
+        """The rows ``_view`` will need for these claims, in one scoped query:
+        those with no row kept and no view built yet on this generation."""
+        rowids = [f.rowid for f in facts if f.row is None and f.claim_id not in snapshot.item_views]
+        return {row[COL["rowid"]]: row for row in hydrate(snapshot, scope, rowids)} if rowids else {}
+
+    @staticmethod
+    def _view(snapshot, scope: CompileScope, facts: ClaimFacts, disputed: bool, row: tuple | None = None) -> "ItemView":
         """The item as this reader sees it, minus its score. A claim whose
         evidence is all organization-visible looks the same to every reader,
         so its view (and the estimate of its serialized prefix) is built once
-        per generation and kept on the snapshot; its row is read again for
-        that, through the same scoped query."""
+        per generation and kept on the snapshot; its row (``row``, or read
+        here) comes through the same scoped query."""
         claim_id = facts.claim_id
         if facts.row is not None:  # evidence not all organization-visible: per reader
             principal = scope.principal
@@ -287,7 +296,8 @@ class Compiler:
                                   disputed)
         view = snapshot.item_views.get(claim_id)
         if view is None:
-            (row,) = hydrate(snapshot, scope, [facts.rowid])
+            if row is None:
+                (row,) = hydrate(snapshot, scope, [facts.rowid])
             evidence = json.loads(row[COL["evidence_json"]])
             view = ItemView.build(row, [(e[0], e[1]) for e in evidence], disputed)
             if len(snapshot.item_views) >= ITEM_VIEW_CACHE:
