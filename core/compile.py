@@ -262,10 +262,10 @@ class Compiler:
         different readers); after that only its id goes through the scoped
         query (``in_scope``). The text a pack needs is read when packed."""
         known = snapshot.claim_facts
-        held = [rowid for rowid in rowids if rowid in known]
-        facts = [known[rowid] for rowid in in_scope(snapshot, scope, held)] if held else []
+        held = {rowid: f for rowid in rowids if (f := known.get(rowid)) is not None}
+        facts = [held[rowid] for rowid in in_scope(snapshot, scope, list(held))] if held else []
         if len(held) < len(rowids):
-            found = hydrate_fields(snapshot, scope, [rowid for rowid in rowids if rowid not in known], FACT_FIELDS)
+            found = hydrate_fields(snapshot, scope, [rowid for rowid in rowids if rowid not in held], FACT_FIELDS)
             per_reader = [f[0] for f in found if f[-1] is None]  # prefix_tokens None
             rows = {row[COL["rowid"]]: row for row in hydrate(snapshot, scope, per_reader)} if per_reader else {}
             if len(known) + len(found) > CLAIM_FACTS_CACHE:
