@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -59,7 +60,7 @@ FACT_FIELDS = ("rowid", "claim_id", "kind", "confidence", "trust_level", "create
                "feedback_positive", "feedback_negative", "disputed", "dispute_public", "prefix_tokens")
 
 ITEM_VIEW_CACHE = 50_000  # views kept per generation (a few hundred bytes each)
-CLAIM_FACTS_CACHE = 50_000  # facts kept per generation (a few hundred bytes each, no claim text)
+CLAIM_FACTS_CACHE = 20_000  # facts kept per generation (~400 bytes each, no claim text: at most ~8 MB)
 
 
 @dataclass(slots=True)  # shared per generation, never mutated; ~200 built per compile on a new one
@@ -85,7 +86,8 @@ class ClaimFacts(ClaimSignals):
         (CLAIM_FIELDS), needed only when ``prefix_tokens`` is None."""
         (rowid, claim_id, kind, confidence, trust_level, created_s, total, positive, negative, disputed,
          dispute_public, prefix_tokens) = fields
-        return cls.of(claim_id, confidence, trust_level, created_s, total, positive, negative, rowid, kind,
+        return cls.of(claim_id, confidence, trust_level, created_s, total, positive, negative, rowid,
+                      sys.intern(kind),  # six kinds: one string each, not one per cached claim
                       prefix_tokens, bool(disputed), bool(dispute_public), row if prefix_tokens is None else None)
 
     def disputed_for(self, principal: Principal) -> bool:
