@@ -175,7 +175,8 @@ class Compiler:
         # 3. hydrate: semantic ids through the same scoped query as lexical ones
         bm25 = dict(matches)
         rowids = [rowid for rowid, _ in matches] + [rowid for rowid in similar if rowid not in bm25]
-        facts = self._hydrate(snapshot, scope, rowids) if rowids else []
+        # the candidate step's own query applied the scope to its matches
+        facts = self._hydrate(snapshot, scope, rowids, admitted=bm25.keys()) if rowids else []
         lap("hydrate")
         # 4. rank
         ranked = rank([RankInput(f, f.disputed_for(principal), bm25.get(f.rowid), similar.get(f.rowid))
@@ -257,15 +258,20 @@ class Compiler:
             return {}, "error"
 
     @staticmethod
-    def _hydrate(snapshot, scope: CompileScope, rowids: list[int]) -> list[ClaimFacts]:
+    def _hydrate(snapshot, scope: CompileScope, rowids: list[int], admitted=frozenset()) -> list[ClaimFacts]:
         """Step 3: the facts of the candidates the scope admits. The first
         time its generation serves a claim, the scoped query reads its
         FACT_FIELDS (and its whole row only if the claim looks different to
         different readers); after that only its id goes through the scoped
-        query (``in_scope``). The text a pack needs is read when packed."""
+        query (``in_scope``) — unless it is in ``admitted``, the ids a scoped
+        query of this request already returned (the lexical candidate step's).
+        The text a pack needs is read when packed."""
         known = snapshot.claim_facts
         held = {rowid: f for rowid in rowids if (f := known.get(rowid)) is not None}
-        facts = [held[rowid] for rowid in in_scope(snapshot, scope, list(held))] if held else []
+        facts = [f for rowid, f in held.items() if rowid in admitted]
+        unchecked = [rowid for rowid in held if rowid not in admitted]
+        if unchecked:
+            facts += [held[rowid] for rowid in in_scope(snapshot, scope, unchecked)]
         if len(held) < len(rowids):
             found = hydrate_fields(snapshot, scope, [rowid for rowid in rowids if rowid not in held], FACT_FIELDS)
             per_reader = [f[0] for f in found if f[-1] is None]  # prefix_tokens None
