@@ -175,7 +175,10 @@ class SnapshotBuilder:
             finally:
                 db.close()
             key, size, sha = self._publish(work, generation, digest, claim_count, pointer, etag, vector)
-            self._keep(work, key, sha, size)
+            try:
+                self._keep(work, key, sha, size)
+            except OSError as exc:  # published already: a file not kept only costs the next build a download
+                self.progress(f"{self.org_id}: generation {generation} not kept locally: {exc}")
             return RebuildResult(self.org_id, generation, True, applied, digest, claim_count, size,
                                  time.monotonic() - started, key)
         finally:
