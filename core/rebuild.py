@@ -19,6 +19,7 @@ compare-and-swap on the ETag it was read with. Rules this module enforces:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -65,6 +66,16 @@ class RebuildResult:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _boot_id() -> str | None:
+    """This boot of the machine (Linux); None elsewhere, where kept files are
+    then never trusted."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
 
 
 def pointer_key(org_id: str) -> str:
@@ -175,10 +186,7 @@ class SnapshotBuilder:
             finally:
                 db.close()
             key, size, sha = self._publish(work, generation, digest, claim_count, pointer, etag, vector)
-            try:
-                self._keep(work, key, sha, size)
-            except OSError as exc:  # published already: a file not kept only costs the next build a download
-                self.progress(f"{self.org_id}: generation {generation} not kept locally: {exc}")
+            self._keep(work, key, sha, size)
             return RebuildResult(self.org_id, generation, True, applied, digest, claim_count, size,
                                  time.monotonic() - started, key)
         finally:
@@ -198,10 +206,17 @@ class SnapshotBuilder:
         """Keep the file just published as the next build's starting point,
         so an incremental build does not download and verify it again.
         Older kept files (other organizations) go first when the budget
-        ``keep_bytes`` would be exceeded."""
+        ``keep_bytes`` would be exceeded. Never raises: the generation is
+        published already, and a file not kept only costs a download."""
+        try:
+            self._keep_file(work, key, sha, size)
+        except OSError as exc:
+            self.progress(f"{self.org_id}: {key} not kept locally: {exc}")
+
+    def _keep_file(self, work: str, key: str, sha: str, size: int) -> None:
         path, record = self._kept_paths()
         for stale in (record, path):
-            if os.path.exists(stale):
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(stale)
         if size > self.keep_bytes:
             return
@@ -209,42 +224,46 @@ class SnapshotBuilder:
         for name in os.listdir(self.work_dir):
             other = os.path.join(self.work_dir, name)
             if name.startswith("kept-") and name.endswith(".sqlite") and other != path:
-                others.append((os.path.getmtime(other), other))
-        total = size + sum(os.path.getsize(o) for _, o in others)
-        for _, other in sorted(others):
+                with contextlib.suppress(FileNotFoundError):  # another build took or dropped it
+                    st = os.stat(other)
+                    others.append((st.st_mtime, st.st_size, other))
+        total = size + sum(n for _, n, _ in others)
+        for _, n, other in sorted(others):
             if total <= self.keep_bytes:
                 break
-            total -= os.path.getsize(other)
+            total -= n
             for stale in (other[:-len(".sqlite")] + ".json", other):
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.unlink(stale)
-                except FileNotFoundError:
-                    pass
         os.replace(work, path)
         with open(record, "w") as f:
-            json.dump({"snapshot_key": key, "sha256": sha, "bytes": size}, f)
+            json.dump({"snapshot_key": key, "sha256": sha, "bytes": size, "boot_id": _boot_id()}, f)
 
     def _take_kept(self, work: str, pointer: dict) -> bool:
         """Move the kept file into place as the work file when it is exactly
-        the generation the pointer names (same key, sha256 and size)."""
+        the generation the pointer names (same key, sha256 and size) and the
+        machine has not restarted since it was kept: the file is written
+        without fsync, so after a crash or power loss it may be torn."""
         path, record = self._kept_paths()
         try:
             with open(record) as f:
                 kept = json.load(f)
             os.unlink(record)  # taken at most once: the work file is changed in place
-        except (FileNotFoundError, ValueError):
-            return False
-        try:
             st = os.stat(path)
-        except FileNotFoundError:
+        except (FileNotFoundError, ValueError):
             return False
         # st_nlink: a hard-linked copy (cp -al of the work directory) is not
         # ours to change in place
         if (kept.get("snapshot_key") != pointer["snapshot_key"] or kept.get("sha256") != pointer["sha256"]
-                or st.st_size != kept.get("bytes") or st.st_nlink != 1):
-            os.unlink(path)
+                or st.st_size != kept.get("bytes") or st.st_nlink != 1
+                or kept.get("boot_id") is None or kept.get("boot_id") != _boot_id()):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
             return False
-        os.replace(path, work)
+        try:
+            os.replace(path, work)
+        except FileNotFoundError:  # evicted meanwhile by another organization's build
+            return False
         return True
 
     # -- build ---------------------------------------------------------------

@@ -307,6 +307,19 @@ def test_a_kept_file_of_another_generation_is_not_used(store, tmp_path, monkeypa
     assert len(_claim_ids(store, tmp_path)) == 3
 
 
+def test_a_kept_file_from_before_a_restart_is_not_trusted(store, tmp_path, monkeypatch):
+    import core.rebuild
+    _write(store, "acme", "one")
+    _builder(store, tmp_path).rebuild()
+    monkeypatch.setattr(core.rebuild, "_boot_id", lambda: "another boot")  # written unsynced: may be torn
+    downloads = []
+    real = type(store).download_file
+    monkeypatch.setattr(type(store), "download_file", lambda self, k, p: (downloads.append(k), real(self, k, p)))
+    _write(store, "acme", "two")
+    assert _builder(store, tmp_path).rebuild().entries_applied == 1 and len(downloads) == 1
+    assert len(_claim_ids(store, tmp_path)) == 2
+
+
 def test_a_published_file_beyond_the_keep_budget_is_not_kept(store, tmp_path):
     _write(store, "acme", "one")
     _builder(store, tmp_path, keep_bytes=0).rebuild()
