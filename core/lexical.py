@@ -412,6 +412,64 @@ class _Scope:
         self.out.update(r for r in todo if r not in ids)
 
 
+# -- this platform's FTS5 arithmetic --------------------------------------------
+
+PROBE_MAX_PHRASES = 9
+_PROBE_WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
+                "kilo", "lima")
+_exact_counts: frozenset[int] | None = None
+
+
+def phrase_count_exact(n: int) -> bool:
+    """Whether this platform's FTS5 bm25() adds n phrases exactly as this
+    module does (each contribution rounded, then summed in phrase order).
+
+    The SQLite inside apsw is compiled C: a compiler may fuse a multiply-add
+    (aarch64 builds fold the odd last phrase into an fma), which moves the
+    sum by an ulp. So once per process a small probe index compares the two
+    answers for 1..PROBE_MAX_PHRASES phrases; a count that disagrees is
+    answered by the FTS5 query instead (beyond the probe: exact only when
+    every probed count was)."""
+    global _exact_counts
+    if _exact_counts is None:
+        _exact_counts = _probe_exact_counts()
+    if n <= PROBE_MAX_PHRASES:
+        return n in _exact_counts
+    return len(_exact_counts) == PROBE_MAX_PHRASES
+
+
+def _probe_exact_counts() -> frozenset[int]:
+    from core.snapshot_schema import DDL  # the snapshot's own tables and tokenizer
+    db = apsw.Connection(":memory:")
+    db.execute(DDL)
+    words = _PROBE_WORDS
+    with db:
+        for i in range(60):
+            # deterministic, uneven term frequencies and lengths
+            text = " ".join(words[(i * j + j * j) % len(words)] for j in range(3 + i % 9))
+            db.execute("INSERT INTO claims(rowid, claim_id, org_id, subject_id, visibility, owner_id, statement,"
+                       " kind, confidence, trust, trust_level, valid_from, created_at, created_s, entry_id, indexed)"
+                       " VALUES(?, ?, 'o', 's', 'organization', 'u', ?, 'semantic_fact', 1, 'observed', 1, 't', 't',"
+                       " 0, 'e', 1)", (i + 1, f"c{i:03d}", text))
+            db.execute("INSERT INTO claims_fts(rowid, statement) VALUES(?, ?)", (i + 1, text))
+    with db:
+        build_lexical_index(db)
+    sql = ("SELECT c.rowid, bm25(claims_fts) FROM claims_fts JOIN claims c ON c.rowid = claims_fts.rowid"
+           " WHERE claims_fts MATCH ? AND c.subject_id = ? ORDER BY 2, c.claim_id LIMIT 200")
+    exact = set()
+    for n in range(1, PROBE_MAX_PHRASES + 1):
+        agree = True
+        for shift in range(4):
+            terms = [words[(shift + 3 * j) % len(words)] for j in range(n)]
+            expected = db.execute(sql, (" OR ".join(f'"{t}"' for t in terms), "s")).fetchall()
+            got = _top_candidates(db, "s", "c.subject_id = ?", ["s"], terms, 200)
+            agree = agree and got == [tuple(row) for row in expected]
+        if agree:
+            exact.add(n)
+    db.close()
+    return frozenset(exact)
+
+
 def top_candidates(db: apsw.Connection, subject_id: str, where: str, params: list,
                    terms, k: int = 200) -> list[tuple[int, float]] | None:
     """(rowid, bm25) of the k best in-scope matches of '"t1" OR "t2" ...', best
@@ -420,6 +478,13 @@ def top_candidates(db: apsw.Connection, subject_id: str, where: str, params: lis
 
     ``where``/``params`` are the scope predicate over alias ``c`` (as built by
     CompileScope.where); ``subject_id`` is the subject that predicate pins."""
+    if not phrase_count_exact(len(terms)):
+        return None
+    return _top_candidates(db, subject_id, where, params, terms, k)
+
+
+def _top_candidates(db: apsw.Connection, subject_id: str, where: str, params: list,
+                    terms, k: int) -> list[tuple[int, float]] | None:
     state = _state(db)
     if not state.ok:
         return None
