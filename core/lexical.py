@@ -346,10 +346,11 @@ def update_lexical_index(db: apsw.Connection, changes: LexicalChanges, progress=
 # -- query -------------------------------------------------------------------
 
 class _State:
-    __slots__ = ("ok", "tokenizer", "rowid_type", "rowid_dtype", "token_cache")
+    __slots__ = ("ok", "tokenizer", "rowid_type", "rowid_dtype", "token_cache", "vocab_rows")
 
     def __init__(self, db: apsw.Connection):
         self.ok = False
+        self.vocab_rows = None  # the fts5vocab table the fused sums read df from, once created
         self.token_cache: dict[str, str | None] = {}
         try:
             row = db.execute("SELECT version, n_rows, averages, rowid_type, byteorder FROM lex_stats"
@@ -417,28 +418,35 @@ class _Scope:
 PROBE_MAX_PHRASES = 9
 _PROBE_WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
                 "kilo", "lima")
-_exact_counts: frozenset[int] | None = None
+_modes: dict[int, str] | None = None
+
+
+def phrase_count_mode(n: int) -> str | None:
+    """How this platform's FTS5 bm25() adds n phrases: "plain" (each
+    contribution rounded, then summed in phrase order), "fused" (the same, but
+    the odd last phrase folded in by one fused multiply-add, as aarch64 builds
+    do), or None when neither model matches (the FTS5 query answers).
+
+    The SQLite inside apsw is compiled C and a compiler may contract a
+    multiply-add, which moves a sum by an ulp. So once per process a small
+    probe index compares both models with the FTS5 query for
+    1..PROBE_MAX_PHRASES phrases; beyond that a count gets the model that
+    matched every probed count (above 1) of its parity, if one did."""
+    global _modes
+    if _modes is None:
+        _modes = _probe_modes()
+    if n <= PROBE_MAX_PHRASES:
+        return _modes.get(n)
+    # one phrase sums the same either way, so it says nothing about the others
+    probed = {_modes.get(count) for count in range(2, PROBE_MAX_PHRASES + 1) if count % 2 == n % 2}
+    return probed.pop() if len(probed) == 1 else None
 
 
 def phrase_count_exact(n: int) -> bool:
-    """Whether this platform's FTS5 bm25() adds n phrases exactly as this
-    module does (each contribution rounded, then summed in phrase order).
-
-    The SQLite inside apsw is compiled C: a compiler may fuse a multiply-add
-    (aarch64 builds fold the odd last phrase into an fma), which moves the
-    sum by an ulp. So once per process a small probe index compares the two
-    answers for 1..PROBE_MAX_PHRASES phrases; a count that disagrees is
-    answered by the FTS5 query instead (beyond the probe: exact only when
-    every probed count was)."""
-    global _exact_counts
-    if _exact_counts is None:
-        _exact_counts = _probe_exact_counts()
-    if n <= PROBE_MAX_PHRASES:
-        return n in _exact_counts
-    return len(_exact_counts) == PROBE_MAX_PHRASES
+    return phrase_count_mode(n) is not None
 
 
-def _probe_exact_counts() -> frozenset[int]:
+def _probe_modes() -> dict[int, str]:
     from core.snapshot_schema import DDL  # the snapshot's own tables and tokenizer
     db = apsw.Connection(":memory:")
     db.execute(DDL)
@@ -456,18 +464,20 @@ def _probe_exact_counts() -> frozenset[int]:
         build_lexical_index(db)
     sql = ("SELECT c.rowid, bm25(claims_fts) FROM claims_fts JOIN claims c ON c.rowid = claims_fts.rowid"
            " WHERE claims_fts MATCH ? AND c.subject_id = ? ORDER BY 2, c.claim_id LIMIT 200")
-    exact = set()
+    modes = {}
     for n in range(1, PROBE_MAX_PHRASES + 1):
-        agree = True
-        for shift in range(4):
-            terms = [words[(shift + 3 * j) % len(words)] for j in range(n)]
-            expected = db.execute(sql, (" OR ".join(f'"{t}"' for t in terms), "s")).fetchall()
-            got = _top_candidates(db, "s", "c.subject_id = ?", ["s"], terms, 200)
-            agree = agree and got == [tuple(row) for row in expected]
-        if agree:
-            exact.add(n)
+        for mode in ("plain", "fused"):
+            agree = True
+            for shift in range(4):
+                terms = [words[(shift + 3 * j) % len(words)] for j in range(n)]
+                expected = [tuple(row) for row in db.execute(sql, (" OR ".join(f'"{t}"' for t in terms), "s"))]
+                agree = agree and _top_candidates(db, "s", "c.subject_id = ?", ["s"], terms, 200,
+                                                  fused_last=mode == "fused") == expected
+            if agree:
+                modes[n] = mode
+                break
     db.close()
-    return frozenset(exact)
+    return modes
 
 
 def top_candidates(db: apsw.Connection, subject_id: str, where: str, params: list,
@@ -478,13 +488,16 @@ def top_candidates(db: apsw.Connection, subject_id: str, where: str, params: lis
 
     ``where``/``params`` are the scope predicate over alias ``c`` (as built by
     CompileScope.where); ``subject_id`` is the subject that predicate pins."""
-    if not phrase_count_exact(len(terms)):
+    mode = phrase_count_mode(len(terms))
+    if mode is None:
         return None
-    return _top_candidates(db, subject_id, where, params, terms, k)
+    return _top_candidates(db, subject_id, where, params, terms, k, fused_last=mode == "fused")
 
 
 def _top_candidates(db: apsw.Connection, subject_id: str, where: str, params: list,
-                    terms, k: int) -> list[tuple[int, float]] | None:
+                    terms, k: int, fused_last: bool = False) -> list[tuple[int, float]] | None:
+    """``fused_last``: sum the last phrase of an odd count as fma(ratio, idf,
+    sum so far), one rounding, as aarch64 builds of FTS5 do."""
     state = _state(db)
     if not state.ok:
         return None
@@ -508,7 +521,21 @@ def _top_candidates(db: apsw.Connection, subject_id: str, where: str, params: li
     phrases = [tok for tok in tokens if tok in lists]  # query order, repeats kept: one phrase each
     if not phrases:
         return []
-    if len(phrases) == 1:
+    fused = fused_last and len(tokens) % 2 == 1 and len(tokens) > 1 and tokens[-1] in lists
+    head = None
+    if fused:
+        # the plain sums rank and cut (an ulp from the fused ones); the fused
+        # sums, exact, are computed for the finalists only
+        last_rows, last_contribs = lists[tokens[-1]]
+        size = max(int(lists[tok][0][-1]) for tok in phrases) + 1
+        head = (np.bincount(np.concatenate([lists[tok][0] for tok in phrases[:-1]]),
+                            weights=np.concatenate([lists[tok][1] for tok in phrases[:-1]]), minlength=size)
+                if len(phrases) > 1 else np.zeros(size))
+        dense = head.copy()
+        dense[last_rows] += last_contribs
+        docs = np.flatnonzero(dense)
+        scores = dense[docs]
+    elif len(phrases) == 1:
         docs, scores = lists[phrases[0]]
     else:
         # FTS5 sums a row's phrase contributions in phrase order, from 0.0;
@@ -534,10 +561,50 @@ def _top_candidates(db: apsw.Connection, subject_id: str, where: str, params: li
         m = min(n, m * 4)
     if len(in_scope) >= k:
         # every row tying the k-th score competes on claim_id, as in ORDER BY
-        tied = np.flatnonzero(scores >= scores[in_scope[k - 1]])
+        cut = scores[in_scope[k - 1]]
+        if fused:
+            cut = cut - 4 * np.spacing(cut)  # any row the fused sum may lift past the k-th
+        tied = np.flatnonzero(scores >= cut)
         rowids = docs[tied].tolist()
         scope.check(rowids)
         in_scope = [i for i, rowid in zip(tied.tolist(), rowids) if rowid in ids]
-    best = sorted((-1.0 * score, ids[rowid], rowid)
-                  for score, rowid in zip(scores[in_scope].tolist(), docs[in_scope].tolist()))
+    finalists = docs[in_scope]
+    if fused:
+        final = _fused_sums(db, state, tokens[-1], finalists, head, last_rows,
+                            lists_tfdl(db, subject_id, tokens[-1], state))
+    else:
+        final = scores[in_scope].tolist()
+    best = sorted((-1.0 * score, ids[rowid], rowid) for score, rowid in zip(final, finalists.tolist()))
     return [(rowid, bm25) for bm25, _, rowid in best[:k]]
+
+
+def lists_tfdl(db: apsw.Connection, subject_id: str, token: str, state) -> np.ndarray:
+    raw = db.execute("SELECT tfdl FROM lex_postings WHERE subject_id = ? AND term = ?", (subject_id, token)).fetchone()
+    return np.frombuffer(raw[0], dtype=np.uint64)
+
+
+def _fused_sums(db: apsw.Connection, state, token: str, finalists: np.ndarray, head: np.ndarray,
+                last_rows: np.ndarray, last_tfdl: np.ndarray) -> list[float]:
+    """fma(ratio, idf, head sum) for rows holding the last phrase, with one
+    rounding (exact rationals: no math.fma before Python 3.13); the head sum
+    alone for the others."""
+    from fractions import Fraction
+    n_rows, n_tokens = db.execute("SELECT n_rows, n_tokens FROM lex_stats WHERE id = 1").fetchone()
+    avgdl = float(n_tokens) / float(n_rows)
+    if state.vocab_rows is None:
+        db.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.lex_vocab_rows"
+                   " USING fts5vocab(main, 'claims_fts', 'row')")
+        state.vocab_rows = True
+    df = db.execute("SELECT doc FROM temp.lex_vocab_rows WHERE term = ?", (token,)).fetchone()[0]
+    idf = Fraction(idf_for(n_rows, df))
+    at = np.searchsorted(last_rows, finalists)
+    out = []
+    for rowid, i in zip(finalists.tolist(), at.tolist()):
+        s = float(head[rowid])
+        if i < len(last_rows) and int(last_rows[i]) == rowid:
+            key = int(last_tfdl[i])
+            tf, dl = float(key >> _TF_SHIFT), float(key & _DL_MASK)
+            ratio = (tf * (K1 + 1.0)) / (tf + K1 * (1 - B + B * dl / avgdl))
+            s = float(Fraction(ratio) * idf + Fraction(s))
+        out.append(s)
+    return out

@@ -240,29 +240,89 @@ def test_an_index_of_another_version_is_rebuilt_whole(monkeypatch):
 
 # -- the platform probe --------------------------------------------------------
 
-def test_the_probe_finds_the_phrase_counts_this_platform_sums_differently(monkeypatch):
+def test_the_probe_picks_the_model_matching_this_platforms_fts5(monkeypatch):
     import math
-    exact = lexical._top_candidates
+    real = lexical._top_candidates
 
-    def fused_last_odd_phrase(db, subject_id, where, params, terms, k):
-        # as an aarch64 build of FTS5 does: the odd last phrase folded in by an fma, an ulp away
-        got = exact(db, subject_id, where, params, terms, k)
-        if got and len(terms) % 2 == 1 and len(terms) > 1:
+    def platform_with_fused_odd_sums(db, subject_id, where, params, terms, k, fused_last=False):
+        # stand-in for an aarch64 build: the plain model misses by an ulp on odd
+        # counts, the fused model answers as its FTS5 does
+        got = real(db, subject_id, where, params, terms, k)
+        if got and len(terms) % 2 == 1 and len(terms) > 1 and not fused_last:
             return [(rowid, math.nextafter(bm25, 0.0)) for rowid, bm25 in got]
         return got
 
-    monkeypatch.setattr(lexical, "_top_candidates", fused_last_odd_phrase)
-    assert lexical._probe_exact_counts() == {1, 2, 4, 6, 8}
+    monkeypatch.setattr(lexical, "_top_candidates", platform_with_fused_odd_sums)
+    modes = lexical._probe_modes()
+    assert modes == {1: "plain", 2: "plain", 3: "fused", 4: "plain", 5: "fused", 6: "plain", 7: "fused",
+                     8: "plain", 9: "fused"}
+    monkeypatch.setattr(lexical, "_modes", modes)
+    assert (lexical.phrase_count_mode(10), lexical.phrase_count_mode(11)) == ("plain", "fused")
 
 
-def test_a_phrase_count_this_platform_sums_differently_is_answered_by_fts5(monkeypatch):
+def test_a_phrase_count_no_model_matches_is_answered_by_fts5(monkeypatch):
     rng = random.Random(11)
     db = _corpus(rng, 200)
     with db:
         lexical.build_lexical_index(db)
-    monkeypatch.setattr(lexical, "_exact_counts", frozenset({1, 2, 4, 6, 8}))
+    monkeypatch.setattr(lexical, "_modes", {1: "plain", 2: "plain", 4: "plain", 6: "plain", 8: "plain"})
     scope = CompileScope(Principal("org", "u1", "key", frozenset(), ("w1", "w2")), "s1", None, TIMES[3])
     where, params = scope.where()
     assert lexical.top_candidates(db, "s1", where, params, ("deploy", "smoke", "test"), 10) is None
     assert lexical.top_candidates(db, "s1", where, params, ("deploy", "smoke"), 10) is not None
     assert lexical.top_candidates(db, "s1", where, params, ("deploy",) * 11, 10) is None  # beyond the probe
+
+
+def _fused_model(db, where, params, terms, k):
+    """A fused FTS5, written out: each phrase's contribution rounded and summed
+    in order, the odd last one added by fma(ratio, idf, sum) with one rounding."""
+    from fractions import Fraction
+    n_rows, n_tokens = db.execute("SELECT n_rows, n_tokens FROM lex_stats").fetchone()
+    avgdl = float(n_tokens) / float(n_rows)
+    match = " OR ".join(f'"{t}"' for t in terms)
+    rows = fts_candidates(db, where, params, match, 10**6)  # every in-scope match
+    tokenizer = db.fts5_tokenizer(*lexical.FTS_TOKENIZER_ARGS)
+    toks = [tokenizer(t.encode(), apsw.FTS5_TOKENIZE_QUERY, None, include_offsets=False,
+                      include_colocated=False)[0] for t in terms]
+    docs = {}
+    for rowid, statement in db.execute("SELECT rowid, statement FROM claims WHERE indexed = 1"):
+        doc = tokenizer(statement.encode(), apsw.FTS5_TOKENIZE_DOCUMENT, None, include_offsets=False,
+                        include_colocated=False)
+        docs[rowid] = doc
+    df = {t: sum(1 for d in docs.values() if t in d) for t in set(toks)}
+    out = []
+    claim_id = dict(db.execute("SELECT rowid, claim_id FROM claims"))
+    for rowid, _ in rows:
+        doc, score = docs[rowid], 0.0
+        for i, t in enumerate(toks):
+            tf = doc.count(t)
+            idf = lexical.idf_for(n_rows, df[t])
+            if i == len(toks) - 1 and len(toks) % 2 == 1 and len(toks) > 1:
+                ratio = (tf * (lexical.K1 + 1.0)) / (tf + lexical.K1 * (1 - lexical.B + lexical.B * len(doc) / avgdl))
+                score = float(Fraction(ratio) * Fraction(idf) + Fraction(score))
+            elif tf:
+                score += lexical.contribution(idf, float(tf), float(len(doc)), avgdl)
+        out.append((-1.0 * score, claim_id[rowid], rowid))
+    return [(rowid, bm25) for bm25, _, rowid in sorted(out)[:k]]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_fused_model_answers_as_a_fused_fts5_would(seed):
+    rng = random.Random(100 + seed)
+    db = _corpus(rng, rng.choice([60, 400, 1200]))
+    with db:
+        lexical.build_lexical_index(db)
+    checked = 0
+    for _ in range(25):
+        scope = _scope(rng)
+        plan = plan_query(_task(rng))
+        if not plan.terms:
+            continue
+        k = rng.choice([1, 5, 20, 200])
+        where, params = scope.where()
+        got = lexical._top_candidates(db, scope.subject_id, where, params, plan.terms, k, fused_last=True)
+        if got is None:  # a term FTS5 splits into several tokens
+            continue
+        assert got == _fused_model(db, where, params, plan.terms, k), (plan.terms, k)
+        checked += 1
+    assert checked > 10
