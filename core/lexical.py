@@ -571,14 +571,15 @@ def _top_candidates(db: apsw.Connection, subject_id: str, where: str, params: li
     finalists = docs[in_scope]
     if fused:
         final = _fused_sums(db, state, tokens[-1], finalists, head, last_rows,
-                            lists_tfdl(db, subject_id, tokens[-1], state))
+                            _tfdl(db, subject_id, tokens[-1]))
     else:
         final = scores[in_scope].tolist()
     best = sorted((-1.0 * score, ids[rowid], rowid) for score, rowid in zip(final, finalists.tolist()))
     return [(rowid, bm25) for bm25, _, rowid in best[:k]]
 
 
-def lists_tfdl(db: apsw.Connection, subject_id: str, token: str, state) -> np.ndarray:
+def _tfdl(db: apsw.Connection, subject_id: str, token: str) -> np.ndarray:
+    """One list's packed (tf, D) inputs."""
     raw = db.execute("SELECT tfdl FROM lex_postings WHERE subject_id = ? AND term = ?", (subject_id, token)).fetchone()
     return np.frombuffer(raw[0], dtype=np.uint64)
 
