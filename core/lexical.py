@@ -257,6 +257,9 @@ def update_lexical_index(db: apsw.Connection, changes: LexicalChanges, progress=
         return build_lexical_index(db)
     _, old_rows, old_tokens, _, _ = row
     averages, n_rows, n_tokens = _averages(db)
+    if not changes.rows and (n_rows, n_tokens) == (old_rows, old_tokens):
+        # nothing entered or left the index: every list is still exact
+        return {"mode": "unchanged", "n_rows": n_rows, "terms": 0, "postings": 0, "lists": 0, "edited": 0}
 
     # 1. the changed rows' postings, from FTS5's own tokenizer
     tokenizer = db.fts5_tokenizer(*FTS_TOKENIZER_ARGS)
@@ -346,20 +349,22 @@ def update_lexical_index(db: apsw.Connection, changes: LexicalChanges, progress=
 # -- query -------------------------------------------------------------------
 
 class _State:
-    __slots__ = ("ok", "tokenizer", "rowid_type", "rowid_dtype", "token_cache", "vocab_rows")
+    __slots__ = ("ok", "tokenizer", "rowid_type", "rowid_dtype", "token_cache", "vocab_rows", "n_rows", "avgdl")
 
     def __init__(self, db: apsw.Connection):
         self.ok = False
         self.vocab_rows = None  # the fts5vocab table the fused sums read df from, once created
         self.token_cache: dict[str, str | None] = {}
         try:
-            row = db.execute("SELECT version, n_rows, averages, rowid_type, byteorder FROM lex_stats"
+            row = db.execute("SELECT version, n_rows, averages, rowid_type, byteorder, n_tokens FROM lex_stats"
                              " WHERE id = 1").fetchone()
         except apsw.SQLError:
             return  # no lex tables in this snapshot
         if row is None:
             return
-        version, n_rows, averages, self.rowid_type, byteorder = row
+        version, n_rows, averages, self.rowid_type, byteorder, n_tokens = row
+        self.n_rows = n_rows
+        self.avgdl = float(n_tokens) / float(n_rows) if n_rows else 0.0
         self.rowid_dtype = np.int32 if self.rowid_type == "i" else np.int64
         current, current_rows, _ = _averages(db)
         self.ok = (version == LEX_VERSION and byteorder == sys.byteorder and bytes(averages) == current
@@ -590,8 +595,7 @@ def _fused_sums(db: apsw.Connection, state, token: str, finalists: np.ndarray, h
     rounding (exact rationals: no math.fma before Python 3.13); the head sum
     alone for the others."""
     from fractions import Fraction
-    n_rows, n_tokens = db.execute("SELECT n_rows, n_tokens FROM lex_stats WHERE id = 1").fetchone()
-    avgdl = float(n_tokens) / float(n_rows)
+    n_rows, avgdl = state.n_rows, state.avgdl
     if state.vocab_rows is None:
         db.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.lex_vocab_rows"
                    " USING fts5vocab(main, 'claims_fts', 'row')")
