@@ -22,14 +22,28 @@ from core.ids import entry_hex, parse_id
 from core.instants import canonical, now_utc
 from core.keys import Principal
 from core.ledger import RUN_SUFFIX, Ledger
-from core.packing import (BudgetTooSmall, PackCandidate, assemble, dumps, item_fields, item_prefix, pack,
-                           payload_tokens)
+from core.packing import BudgetTooSmall, PackCandidate, assemble, dumps, item_fields, item_prefix, pack
 from core.planning import MAX_TASK_CHARS, plan_query
 from core.ranking import ClaimSignals, RankInput, rank
 from core.retrieval import (COL, CompileScope, disputed_for, hydrate, hydrate_fields, in_scope,
                             lexical_candidates, readable_evidence)
 from core.snapshot import SnapshotReader
+from core.tokens import count_tokens
 from core.validation import Fields
+
+# Every context id costs exactly this many cl100k_base tokens in the payload
+# (ids are drawn until one does: ~1 draw in 4 succeeds), so the envelope's
+# count, and with it the pack, never depends on which id was drawn.
+CONTEXT_ID_TOKENS = 18
+
+
+def draw_context_hex() -> str:
+    """A ledger entry id for a context run whose ``ctx_…`` id costs exactly
+    ``CONTEXT_ID_TOKENS``: between ``":"`` and ``","`` it is its own pieces."""
+    while True:
+        hex_ = entry_hex()
+        if count_tokens("ctx_" + hex_) == CONTEXT_ID_TOKENS:
+            return hex_
 
 
 @dataclass
@@ -101,9 +115,10 @@ class ClaimFacts(ClaimSignals):
 @dataclass(frozen=True)
 class ItemView:
     fields: dict                 # the item's documented fields, evidence_ids last, no score
-    prefix_tokens: int           # payload_tokens of its serialized prefix
+    prefix_tokens: int           # the real count of its serialized prefix (core.packing.item_prefix)
     conflict: dict | None
     conflict_json: str | None
+    conflict_tokens: int = 0
 
     @classmethod
     def build(cls, row: tuple, evidence: list[tuple[str, str]], disputed: bool) -> "ItemView":
@@ -118,8 +133,9 @@ class ItemView:
         if disputed:
             conflict = {"claim_id": claim_id, "reason": "contradicting_evidence",
                         "evidence_ids": sorted({o for o, r in evidence if r in ("supports", "contradicts")})}
-        return cls(fields, payload_tokens(item_prefix(fields)), conflict,
-                   dumps(conflict) if conflict else None)
+        conflict_json = dumps(conflict) if conflict else None
+        return cls(fields, count_tokens(item_prefix(fields)), conflict, conflict_json,
+                   count_tokens(conflict_json) if conflict_json else 0)
 
 
 def stored_pack_json(data: dict, data_json: str) -> str:
@@ -138,7 +154,7 @@ class CompileOutcome:
     data: dict
     meta: dict
     timings: dict = field(default_factory=dict)
-    data_json: str | None = None  # ``dumps(data)``: the bytes whose estimate fit the budget
+    data_json: str | None = None  # ``dumps(data)``: the bytes whose real count fits the budget
 
 
 class Compiler:
@@ -183,9 +199,9 @@ class Compiler:
                        for f in facts], req.at_s)
         lap("rank")
         # 5. pack
-        context_hex = entry_hex()
+        context_hex = draw_context_hex()
         context_id = f"ctx_{context_hex}"
-        envelope = {"context_id": context_id, "query": {"task": req.task},
+        envelope = {"context_id": context_id, "query": req.task,
                     "scope": {"subject_id": req.subject_id, "project_id": req.project_id},
                     "budget": {"max_tokens": req.max_tokens, "used_tokens": 0},
                     "items": [], "conflicts": [],
@@ -197,7 +213,8 @@ class Compiler:
             if f.prefix_tokens is None or r.conflict:
                 # reader-dependent, or a conflict entry to price: the full view
                 views[i] = view = self._view(snapshot, scope, f, bool(r.conflict))
-                candidates.append(PackCandidate(f.claim_id, f.kind, view.prefix_tokens, r, view.conflict_json))
+                candidates.append(PackCandidate(f.claim_id, f.kind, view.prefix_tokens, r, view.conflict_json,
+                                                view.conflict_tokens))
             else:
                 candidates.append(PackCandidate(f.claim_id, f.kind, f.prefix_tokens, r))
         try:
@@ -218,11 +235,11 @@ class Compiler:
                      for i in picked]
             conflicts = [views[i].conflict for i in picked if views[i].conflict]
             data = assemble(envelope, items, conflicts, sum(charged))
-            data_json = dumps(data)  # estimated here, sent as is (core.http)
-            if not picked or payload_tokens(data_json) <= req.max_tokens:
+            data_json = dumps(data)  # counted here, sent as is (core.http)
+            if not picked or count_tokens(data_json) <= req.max_tokens:
                 break
-            # The estimate is subadditive, so this never runs in practice; it
-            # keeps the budget promise even if a boundary merge ever costs more.
+            # The packer's count is exact (core.packing), so this never runs
+            # in practice; it keeps the budget promise even if it were not.
             picked.pop()
             charged.pop()
         lap("pack")
@@ -274,6 +291,9 @@ class Compiler:
             facts += [held[rowid] for rowid in in_scope(snapshot, scope, unchecked)]
         if len(held) < len(rowids):
             found = hydrate_fields(snapshot, scope, [rowid for rowid in rowids if rowid not in held], FACT_FIELDS)
+            if not snapshot.item_tokens_trusted:
+                # counted with another tokenizer (or none): every item is priced here
+                found = [fields[:-1] + (None,) for fields in found]
             per_reader = [f[0] for f in found if f[-1] is None]  # prefix_tokens None
             rows = {row[COL["rowid"]]: row for row in hydrate(snapshot, scope, per_reader)} if per_reader else {}
             if len(known) + len(found) > CLAIM_FACTS_CACHE:

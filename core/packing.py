@@ -1,17 +1,37 @@
-"""Packing: the ranked claims that fit the token budget (DESIGN §5 step 5).
+"""Packing: the ranked claims that fit the token budget, counted exactly.
 
-Pure, no I/O. The envelope — the whole ``data`` object with no items, its
-numbers at their widest — is estimated first and reserved; then the ranked
-list is walked greedily: an item is taken whole when its charged estimate
-(plus its conflict entry, if any, and the separators) fits what is left and
-its kind has fewer than 3 items; otherwise it is skipped and the walk goes
-on. An item is charged ``estimate(prefix) + estimate(suffix)`` — its fields
-and its score serialized apart — which the estimate's subadditivity makes
-never lower than the estimate of the whole item, and which lets the prefix's
-estimate be computed once per generation. The caller then estimates the
-serialized ``data`` exactly as it will be sent, so the whole payload never
-exceeds ``max_tokens`` by the estimate. ``used_tokens`` is the sum of the
-packed items' charged estimates.
+Pure, no I/O. The budget is measured in real cl100k_base tokens
+(``core.tokens``) over the compact JSON of the whole ``data`` object
+(``dumps``). The walk is greedy over the ranked list: an item is taken
+whole when its exact cost fits what is left and its kind has fewer than 3
+items; otherwise it is skipped and the walk goes on.
+
+Why the running cost is exact, not estimated
+--------------------------------------------
+cl100k_base first cuts text into pieces with a regular expression and
+encodes each piece on its own, so the count of a text is the sum of the
+counts of its pieces. Every fragment the packer prices is cut where the
+pieces of the whole payload are cut, or where the piece that spans the cut
+is always the same string:
+
+- an item is its **prefix** (every field, up to the letters of ``"score``)
+  plus its **suffix** (``":<score>,"score_components":{…}}``): a run of
+  letters followed by punctuation is a piece boundary, so
+  ``count(item) = count(prefix) + count(suffix)``. The prefix is the same for
+  every request on a generation, so its count is stored at snapshot build.
+- an item always opens with the piece ``{"`` and closes with ``}}``; in the
+  payload those fuse with the list's punctuation into ``":[{"``,
+  ``}},{"`` or ``}}],"``, whatever the items hold. A conflict opens with
+  ``{"`` and closes with ``"]}``. The difference these fused pieces make
+  (``Seams``) is a constant, computed here from the tokenizer.
+
+So ``envelope + Σ item costs`` is the payload's real count, with one slack:
+the envelope is priced with ``used_tokens`` at its widest (``max_tokens``),
+at most 1 token more than the final number takes. The caller still counts
+the final payload with the tokenizer before sending it (``verify``) and
+drops the last item if it were ever over, so the budget holds even if this
+reasoning had a hole. ``used_tokens`` is the sum of the packed items' own
+real counts.
 """
 
 from __future__ import annotations
@@ -20,54 +40,37 @@ import json
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from core.domain import INSTRUCTIONS, POLICY_SNAPSHOT
-from core.tokens import estimate_tokens
+from core.tokens import count_tokens
 
 MAX_PER_KIND = 3
 
-# The response's fixed fragments and their real cl100k_base token counts
-# (checked against the tokenizer in tests/test_payload_estimate.py). The
-# generic estimate overprices JSON keys by about a third; for text we wrote
-# ourselves the price is known, so each occurrence is charged its real count
-# plus SEAM_SLACK: one token for the seams on either side, one for the
-# estimate's own per-call constant, which a fragment inside a larger text
-# does not pay again (measured: slack 1 undercounts whole envelopes by up
-# to 9 tokens, slack 2 never did over 3,000 random envelopes).
-SEAM_SLACK = 2
-KNOWN_FRAGMENTS = {
-    f'"policy_snapshot":"{POLICY_SNAPSHOT}","instructions":"{INSTRUCTIONS}"}}': 36,
-    '{"context_id":"ctx_': 6,
-    '"query":{"task":': 5,
-    '"scope":{"subject_id":': 6,
-    ',"project_id":': 4,
-    '"budget":{"max_tokens":': 6,
-    ',"used_tokens":': 4,
-    '"items":[': 3,
-    '],"conflicts":[': 4,
-    '"score_components":{"relevance":': 7,
-    '"evidence_ids":["obs_': 7,
-}
-_DISCOUNTS = tuple((f, estimate_tokens(f) - real - SEAM_SLACK) for f, real in KNOWN_FRAGMENTS.items()
-                   if estimate_tokens(f) - real - SEAM_SLACK > 0)
-
-
-# Alternating hex letters and digits is the costliest a 32-hex id can be
-# estimated (checked in tests/test_payload_estimate.py).
-WORST_CONTEXT_ID = "ctx_" + "a0" * 16
-
-
-def payload_tokens(text: str) -> int:
-    """The estimate used for everything packed: the conservative generic
-    estimate, with our own fixed fragments charged at their known price."""
-    tokens = estimate_tokens(text)
-    for fragment, discount in _DISCOUNTS:
-        tokens -= text.count(fragment) * discount
-    return tokens
-
 
 def dumps(value) -> str:
-    """The one serialization used for estimating and for sending."""
+    """The one serialization used for counting and for sending."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Seams:
+    """What the fixed punctuation around items and conflicts costs in the
+    payload, beyond the items' own counts (see the module docstring)."""
+    item_first: int   # the first item turns '":[],"' into '":[{"' … '}}],"'
+    item_next: int    # each further item adds '}},{"' in place of its own '{"' and the last '}}'
+    item_edges: int   # count('{"') + count('}}'): an item's own opening and closing pieces
+    conflict_first: int
+    conflict_next: int
+    conflict_edges: int
+
+    @classmethod
+    def measured(cls) -> "Seams":
+        c = count_tokens
+        return cls(item_first=c('":[{"') + c('}}],"') - c('":[],"'), item_next=c('}},{"'),
+                   item_edges=c('{"') + c('}}'),
+                   conflict_first=c('":[{"') + c('"]}],"') - c('":[],"'), conflict_next=c('"]},{"'),
+                   conflict_edges=c('{"') + c('"]}'))
+
+
+SEAMS = Seams.measured()
 
 
 class BudgetTooSmall(Exception):
@@ -92,18 +95,17 @@ class Score:
 
 @dataclass(slots=True)
 class PackCandidate:
-    """One ranked claim as the packer sees it. Its item serializes as
-    ``prefix + suffix`` (``item_prefix``/``item_suffix``): the prefix — every
-    field but the score — is the same for every request on a generation, so
-    its estimate is computed once; by subadditivity of the estimate,
-    ``prefix_tokens + payload_tokens(suffix)`` never undercounts the item.
-    Most candidates are skipped on kind and prefix alone, so the score is
-    read (and its suffix serialized) only for those actually priced."""
+    """One ranked claim as the packer sees it: its kind, the exact count of
+    its item's prefix, its score, and its conflict entry (serialized, with
+    its count) when the item is disputed for this reader. Most candidates
+    are skipped on kind and prefix alone, so the score is read (and its
+    suffix serialized and counted) only for those actually priced."""
     claim_id: str
     kind: str
     prefix_tokens: int
     scored: Scored
-    conflict: str | None = None  # the serialized conflict entry, for a disputed item
+    conflict: str | None = None
+    conflict_tokens: int = 0
 
     @property
     def suffix(self) -> str:
@@ -113,9 +115,9 @@ class PackCandidate:
 @dataclass
 class PackResult:
     picked: list[int]            # indexes into the candidates, rank order
-    item_tokens: list[int]       # the charged estimate of each picked item
+    item_tokens: list[int]       # the real count of each picked item's own JSON
     used_tokens: int
-    envelope_tokens: int
+    envelope_tokens: int         # the real count of the empty envelope, used_tokens at its widest
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (claim_id, "kind_full" | "no_fit")
 
 
@@ -128,55 +130,67 @@ def item_fields(claim_id: str, claim: str, kind: str, confidence: float, trust: 
 
 
 def item_prefix(fields: dict) -> str:
-    """The item's JSON up to its score: ``fields`` ends with evidence_ids."""
-    return dumps(fields)[:-1] + ","
+    """The item's JSON up to the letters of its ``"score`` key: ``fields``
+    ends with evidence_ids. ``item_prefix + item_suffix == dumps(item)``."""
+    return dumps(fields)[:-1] + ',"score'
 
 
 def item_suffix(score: float, components: dict) -> str:
     # what dumps() gives for a float is its repr; formatted by hand on the hot path
-    return ('"score":' + repr(score) + ',"score_components":{'
+    return ('":' + repr(score) + ',"score_components":{'
             + ",".join(f'"{k}":{v!r}' for k, v in components.items()) + "}}")
 
 
-def envelope_cost(envelope: dict, max_tokens: int) -> int:
-    """The estimate of ``data`` with no items, its budget numbers at their
-    widest for this ``max_tokens`` and its context id at its costliest — so
-    the reserve, and with it the pack, never depends on which id was drawn."""
-    probe = dict(envelope, context_id=WORST_CONTEXT_ID, items=[], conflicts=[])
+def envelope_tokens(envelope: dict, max_tokens: int) -> int:
+    """The real count of ``data`` with no items, its ``used_tokens`` at its
+    widest for this ``max_tokens`` (a number costs one token per three digits)."""
+    probe = dict(envelope, items=[], conflicts=[])
     probe["budget"] = dict(envelope["budget"], max_tokens=max_tokens, used_tokens=max_tokens)
-    return payload_tokens(dumps(probe))
+    return count_tokens(dumps(probe))
+
+
+def smallest_budget(envelope: dict, floor: int) -> int:
+    """The smallest ``max_tokens`` (at least ``floor``) whose envelope fits it."""
+    needed = max(floor, envelope_tokens(envelope, floor))
+    while envelope_tokens(envelope, needed) > needed:
+        needed += 1
+    return needed
 
 
 def pack(candidates: list[PackCandidate], envelope: dict, max_tokens: int) -> PackResult:
     """``candidates`` best first; ``envelope``: the ``data`` object without
-    items/conflicts, its ``budget`` filled in."""
-    envelope_tokens = envelope_cost(envelope, max_tokens)
-    if envelope_tokens > max_tokens:
-        needed = envelope_tokens
-        while envelope_cost(envelope, needed) > needed:
-            needed += 1
-        raise BudgetTooSmall(needed)
-    remaining = max_tokens - envelope_tokens
+    items/conflicts, its ``context_id``, ``query`` and ``budget`` filled in."""
+    reserve = envelope_tokens(envelope, max_tokens)
+    if reserve > max_tokens:
+        raise BudgetTooSmall(smallest_budget(envelope, max_tokens))
+    remaining = max_tokens - reserve
     per_kind: dict[str, int] = {}
-    picked, charged, skipped = [], [], []
+    picked, counts, skipped = [], [], []
+    conflicts = 0
+    seams = SEAMS
     for index, c in enumerate(candidates):
         if per_kind.get(c.kind, 0) >= MAX_PER_KIND:
             skipped.append((c.claim_id, "kind_full"))
             continue
-        # the prefix alone bounds the cost from below: most skips stop here
-        if c.prefix_tokens + 1 > remaining:
+        join = seams.item_next if picked else seams.item_first
+        # the prefix alone (and a suffix of at least its closing piece) bounds the cost from below
+        if c.prefix_tokens + 1 - seams.item_edges + join > remaining:
             skipped.append((c.claim_id, "no_fit"))
             continue
-        item_tokens = c.prefix_tokens + payload_tokens(c.suffix)
-        cost = item_tokens + 1 + (payload_tokens(c.conflict) + 1 if c.conflict else 0)
+        item_tokens = c.prefix_tokens + count_tokens(c.suffix)
+        cost = item_tokens - seams.item_edges + join
+        if c.conflict is not None:
+            cost += c.conflict_tokens - seams.conflict_edges + (
+                seams.conflict_next if conflicts else seams.conflict_first)
         if cost > remaining:
             skipped.append((c.claim_id, "no_fit"))
             continue
         remaining -= cost
         per_kind[c.kind] = per_kind.get(c.kind, 0) + 1
+        conflicts += c.conflict is not None
         picked.append(index)
-        charged.append(item_tokens)
-    return PackResult(picked, charged, sum(charged), envelope_tokens, skipped)
+        counts.append(item_tokens)
+    return PackResult(picked, counts, sum(counts), reserve, skipped)
 
 
 def assemble(envelope: dict, items: list[dict], conflicts: list[dict], used_tokens: int) -> dict:

@@ -37,7 +37,8 @@ from core.ids import uuid7_floor_hex, uuid7_ms
 from core.instants import canonical, now_utc, parse_instant
 from core import content_hash
 from core.lexical import LexicalChanges, update_lexical_index
-from core.packing import item_fields, item_prefix, payload_tokens
+from core.packing import item_fields, item_prefix
+from core.tokens import TOKENIZER_ID, count_tokens_batch
 from core.ledger import RUN_SUFFIX, Ledger, ledger_prefix
 from core.snapshot_schema import DDL, SCHEMA_VERSION
 from core.store import ObjectNotFound, PreconditionFailed, Store
@@ -95,15 +96,21 @@ def file_sha256(path: str) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def snapshot_schema_version(path: str) -> int | None:
+def snapshot_meta(path: str, key: str) -> str | None:
+    """One value of a snapshot file's meta table (None if absent or unreadable)."""
     db = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
     try:
-        row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        return int(row[0]) if row else None
+        row = db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else None
     except apsw.SQLError:
         return None
     finally:
         db.close()
+
+
+def snapshot_schema_version(path: str) -> int | None:
+    value = snapshot_meta(path, "schema_version")
+    return int(value) if value is not None else None
 
 
 class SnapshotBuilder:
@@ -285,12 +292,20 @@ class SnapshotBuilder:
             self.progress(f"{self.org_id}: previous snapshot has another schema; replaying the ledger")
             os.unlink(work)
             pointer = None
+        if pointer is not None and snapshot_meta(work, "item_tokenizer") != TOKENIZER_ID:
+            # Its stored item counts were made with another tokenizer: every
+            # claim is priced again, from the ledger.
+            self.progress(f"{self.org_id}: previous snapshot counted tokens with another tokenizer; "
+                          "replaying the ledger")
+            os.unlink(work)
+            pointer = None
         db = apsw.Connection(work)
         db.execute("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA cache_size=-65536")
         if pointer is None:
             with db:
                 db.execute(DDL)
-                self._set_meta(db, org_id=self.org_id, schema_version=SCHEMA_VERSION, watermark="")
+                self._set_meta(db, org_id=self.org_id, schema_version=SCHEMA_VERSION, watermark="",
+                               item_tokenizer=TOKENIZER_ID)
         return db
 
     @staticmethod
@@ -479,7 +494,10 @@ def _claims_citing(db: apsw.Connection, observation_ids: list[str]) -> list[str]
 def refresh_projections(db: apsw.Connection, claim_ids: Iterable[str],
                         lexical: LexicalChanges | None = None) -> None:
     """Recompute every derived column of these claims from canonical rows;
-    ``lexical`` is told of every row entering or leaving claims_fts."""
+    ``lexical`` is told of every row entering or leaving claims_fts. The
+    exact token count of each item's prefix (``core.packing.item_prefix``)
+    is taken in batches of ``PRICE_BATCH`` on the tokenizer's threads."""
+    pending: list[tuple] = []  # UPDATE parameters, the prefix text where prefix_tokens goes
     for claim_id in sorted(claim_ids):
         row = db.execute("SELECT rowid, statement, indexed, kind, confidence, trust, observer_id, valid_from,"
                          " valid_to, subject_id FROM claims WHERE claim_id=?", (claim_id,)).fetchone()
@@ -510,12 +528,12 @@ def refresh_projections(db: apsw.Connection, claim_ids: Iterable[str],
             else:
                 negative += 1
         should_index = int(status not in TERMINAL)
-        prefix_tokens = None
+        prefix = None
         if should_index and all(e[2] == "organization" for e in evidence):
-            # every reader sees this item alike: price its prefix once, here
-            prefix_tokens = payload_tokens(item_prefix(item_fields(
+            # every reader sees this item alike: count its prefix once, here
+            prefix = item_prefix(item_fields(
                 claim_id, statement, kind, confidence, trust, status, observer_id, valid_from, valid_to,
-                sorted({e[0] for e in evidence}))))
+                sorted({e[0] for e in evidence})))
         if should_index and not indexed:
             db.execute("INSERT INTO claims_fts(rowid, statement) VALUES(?, ?)", (rowid, statement))
             if lexical is not None:
@@ -524,12 +542,29 @@ def refresh_projections(db: apsw.Connection, claim_ids: Iterable[str],
             db.execute("DELETE FROM claims_fts WHERE rowid=?", (rowid,))
             if lexical is not None:
                 lexical.deleted(rowid, subject_id, statement)
-        db.execute(
-            "UPDATE claims SET base_status=?, status=?, version=?, superseded_by=?, disputed=?, dispute_public=?,"
-            " feedback_total=?, feedback_positive=?, feedback_negative=?, evidence_json=?, indexed=?,"
-            " prefix_tokens=? WHERE rowid=?",
-            (base_status, status, version, superseded_by, disputed, dispute_public, total, positive, negative,
-             json.dumps(evidence, separators=(",", ":")), should_index, prefix_tokens, rowid))
+        pending.append((base_status, status, version, superseded_by, disputed, dispute_public, total, positive,
+                        negative, json.dumps(evidence, separators=(",", ":")), should_index, prefix, rowid))
+        if len(pending) >= PRICE_BATCH:
+            _write_projections(db, pending)
+            pending = []
+    _write_projections(db, pending)
+
+
+PRICE_BATCH = 4096
+
+
+def _write_projections(db: apsw.Connection, pending: list[tuple]) -> None:
+    if not pending:
+        return
+    texts = [p[11] for p in pending if p[11] is not None]
+    counts = iter(count_tokens_batch(texts))
+    db.executemany(
+        "UPDATE claims SET base_status=?, status=?, version=?, superseded_by=?, disputed=?, dispute_public=?,"
+        " feedback_total=?, feedback_positive=?, feedback_negative=?, evidence_json=?, indexed=?,"
+        " prefix_tokens=? WHERE rowid=?",
+        [p[:11] + (None if p[11] is None else next(counts), p[12]) for p in pending])
+
+
 
 
 def rollback(store: Store, org_id: str, generation: int) -> dict:

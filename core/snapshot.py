@@ -25,6 +25,7 @@ from core.instants import now_utc, parse_instant
 from core.rebuild import file_sha256, pointer_key
 from core.snapshot_schema import SCHEMA_VERSION
 from core.store import ObjectNotFound, Store
+from core.tokens import TOKENIZER_ID
 
 
 POINTER_READ_FAILED = "reading the snapshot pointer failed"
@@ -41,6 +42,13 @@ class Snapshot:
     item_views: dict = field(default_factory=dict)  # claim_id -> compile's per-generation item view
     claim_facts: dict = field(default_factory=dict)  # rowid -> compile's per-generation ClaimFacts
     meta: dict = field(default_factory=dict)  # the snapshot's meta table
+
+    @property
+    def item_tokens_trusted(self) -> bool:
+        """Whether the item counts stored at build were made with this
+        process's tokenizer (name and merge-table hash); if not, compile
+        counts every item itself."""
+        return self.meta.get("item_tokenizer") == TOKENIZER_ID
 
     @property
     def claim_count(self) -> int:

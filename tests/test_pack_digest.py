@@ -23,7 +23,7 @@ from core.service import Service
 
 AT = "2027-03-01T00:00:00Z"
 KINDS = ("semantic_fact", "episodic_event", "preference", "procedural", "decision", "relationship")
-PINNED = "8cffbbc7415eb07617fbf264d1d65184a3d6d93c22c2e3c0e2e25d7a6f61acf6"
+PINNED = "403db93d2470b7798d7c962292841f2f8baaa5e73100abcfb17bab0ae7a095f2"
 
 
 def corpus(n=600, seed=20260817):
