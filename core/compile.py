@@ -22,7 +22,8 @@ from core.ids import entry_hex, parse_id
 from core.instants import canonical, now_utc
 from core.keys import Principal
 from core.ledger import RUN_SUFFIX, Ledger
-from core.packing import BudgetTooSmall, PackCandidate, assemble, dumps, item_fields, item_prefix, pack
+from core.packing import (CONTEXT_ID_MIN_TOKENS, CONTEXT_ID_TOKENS, BudgetTooSmall, PackCandidate, assemble, dumps, item_fields,
+                           item_prefix, pack)
 from core.planning import MAX_TASK_CHARS, plan_query
 from core.ranking import ClaimSignals, RankInput, rank
 from core.retrieval import (COL, CompileScope, disputed_for, hydrate, hydrate_fields, in_scope,
@@ -31,18 +32,12 @@ from core.snapshot import SnapshotReader
 from core.tokens import count_tokens
 from core.validation import Fields
 
-# Every context id costs exactly this many cl100k_base tokens in the payload
-# (ids are drawn until one does: ~1 draw in 4 succeeds), so the envelope's
-# count, and with it the pack, never depends on which id was drawn.
-CONTEXT_ID_TOKENS = 18
-
-
 def draw_context_hex() -> str:
-    """A ledger entry id for a context run whose ``ctx_…`` id costs exactly
-    ``CONTEXT_ID_TOKENS``: between ``":"`` and ``","`` it is its own pieces."""
+    """A ledger entry id for a context run whose ``ctx_…`` id costs 16 to
+    ``CONTEXT_ID_TOKENS`` tokens (core.packing prices the envelope at that)."""
     while True:
         hex_ = entry_hex()
-        if count_tokens("ctx_" + hex_) == CONTEXT_ID_TOKENS:
+        if CONTEXT_ID_MIN_TOKENS <= count_tokens("ctx_" + hex_) <= CONTEXT_ID_TOKENS:
             return hex_
 
 

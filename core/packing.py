@@ -25,9 +25,10 @@ is always the same string:
   ``{"`` and closes with ``"]}``. The difference these fused pieces make
   (``Seams``) is a constant, computed here from the tokenizer.
 
-So ``envelope + Σ item costs`` is the payload's real count, with one slack:
+So ``envelope + Σ item costs`` is the payload's real count, with two slacks:
 the envelope is priced with ``used_tokens`` at its widest (``max_tokens``),
-at most 1 token more than the final number takes. The caller still counts
+at most 1 token more than the final number takes, and with its context id
+at ``CONTEXT_ID_TOKENS``, at most 3 more than the id drawn. The caller still counts
 the final payload with the tokenizer before sending it (``verify``) and
 drops the last item if it were ever over, so the budget holds even if this
 reasoning had a hole. ``used_tokens`` is the sum of the packed items' own
@@ -71,6 +72,40 @@ class Seams:
 
 
 SEAMS = Seams.measured()
+
+
+# -- the suffix, counted without encoding it on every request -----------------
+#
+# A suffix is a fixed skeleton of keys and punctuation with numbers in it.
+# Every number is a float's repr (``0.744167``, ``1.0``, ``1e-05``): it
+# starts and ends with a digit, and a digit beside punctuation is a piece
+# boundary, so the suffix's count is the skeleton's punctuation and keys
+# plus each number's own count. Both are counted with the tokenizer once and
+# kept (numbers repeat: trust, utility and conflict take a few values each).
+
+_NUMBER_TOKENS: dict[float, int] = {}
+_SKELETON_TOKENS: dict[tuple, int] = {}
+_NUMBERS_KEPT = 200_000
+
+
+def _number_tokens(value: float) -> int:
+    n = _NUMBER_TOKENS.get(value)
+    if n is None:
+        if len(_NUMBER_TOKENS) >= _NUMBERS_KEPT:
+            _NUMBER_TOKENS.clear()
+        n = _NUMBER_TOKENS[value] = count_tokens(repr(value))
+    return n
+
+
+def suffix_tokens(score: float, components: dict) -> int:
+    """``count_tokens(item_suffix(score, components))``, exactly."""
+    keys = tuple(components)
+    skeleton = _SKELETON_TOKENS.get(keys)
+    if skeleton is None:
+        # the skeleton with every number a "0" (one token), less those zeros
+        skeleton = _SKELETON_TOKENS[keys] = (count_tokens(item_suffix(0.0, dict.fromkeys(keys, 0.0)))
+                                             - (len(keys) + 1) * count_tokens(repr(0.0)))
+    return skeleton + _number_tokens(score) + sum(_number_tokens(v) for v in components.values())
 
 
 class BudgetTooSmall(Exception):
@@ -141,12 +176,22 @@ def item_suffix(score: float, components: dict) -> str:
             + ",".join(f'"{k}":{v!r}' for k, v in components.items()) + "}}")
 
 
+# Context ids are drawn until one costs 16 to 19 tokens (2 draws in 3
+# succeed), and the envelope is priced as if its id cost exactly 19: the
+# reserve, and with it the pack, never depends on which id was drawn, and a
+# cheaper id leaves at most 3 tokens unspent.
+CONTEXT_ID_TOKENS = 19
+CONTEXT_ID_MIN_TOKENS = 16
+
+
 def envelope_tokens(envelope: dict, max_tokens: int) -> int:
     """The real count of ``data`` with no items, its ``used_tokens`` at its
-    widest for this ``max_tokens`` (a number costs one token per three digits)."""
+    widest for this ``max_tokens`` (a number costs one token per three digits)
+    and its context id at its charged cost (``CONTEXT_ID_TOKENS``). Between
+    ``":"`` and ``","`` the id is pieces of its own, so its count adds."""
     probe = dict(envelope, items=[], conflicts=[])
     probe["budget"] = dict(envelope["budget"], max_tokens=max_tokens, used_tokens=max_tokens)
-    return count_tokens(dumps(probe))
+    return count_tokens(dumps(probe)) - count_tokens(envelope["context_id"]) + CONTEXT_ID_TOKENS
 
 
 def smallest_budget(envelope: dict, floor: int) -> int:
@@ -177,7 +222,7 @@ def pack(candidates: list[PackCandidate], envelope: dict, max_tokens: int) -> Pa
         if c.prefix_tokens + 1 - seams.item_edges + join > remaining:
             skipped.append((c.claim_id, "no_fit"))
             continue
-        item_tokens = c.prefix_tokens + count_tokens(c.suffix)
+        item_tokens = c.prefix_tokens + suffix_tokens(c.scored.score, c.scored.components)
         cost = item_tokens - seams.item_edges + join
         if c.conflict is not None:
             cost += c.conflict_tokens - seams.conflict_edges + (

@@ -23,7 +23,7 @@ from core.service import Service
 
 AT = "2027-03-01T00:00:00Z"
 KINDS = ("semantic_fact", "episodic_event", "preference", "procedural", "decision", "relationship")
-PINNED = "403db93d2470b7798d7c962292841f2f8baaa5e73100abcfb17bab0ae7a095f2"
+PINNED = "15bbb1917c04b1fb62ed0921894e64468b869cb26cc300bb18a5ba84d2c409fc"
 
 
 def corpus(n=600, seed=20260817):

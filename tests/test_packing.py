@@ -7,13 +7,15 @@ kind already has 3 items or it does not fit by the real count, with at most
 own real counts.
 """
 
+import random
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.domain import CLAIM_KINDS, INSTRUCTIONS, POLICY_SNAPSHOT
-from core.packing import (MAX_PER_KIND, SEAMS, BudgetTooSmall, PackCandidate, Score, assemble, dumps,
-                          envelope_tokens, item_prefix, item_suffix, pack, smallest_budget)
+from core.packing import (CONTEXT_ID_TOKENS, MAX_PER_KIND, SEAMS, BudgetTooSmall, PackCandidate, Score, assemble, dumps,
+                          envelope_tokens, item_prefix, item_suffix, pack, smallest_budget, suffix_tokens)
 from core.tokens import count_tokens
 
 SEAM_ALLOWANCE = 8
@@ -36,7 +38,18 @@ ANY_TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs
 TEXT = st.one_of(LATIN_DIACRITICS, CYRILLIC, CJK, EMOJI, CODE, HEX_IDS, RARE_WORDS, ANY_TEXT)
 
 
-def envelope(task="deploy smoke", max_tokens=1200, context_id="ctx_" + "0a" * 16):
+def _id_costing(tokens):
+    rng = random.Random(tokens)
+    while True:
+        candidate = f"ctx_{rng.getrandbits(112):028x}0000"
+        if count_tokens(candidate) == tokens:
+            return candidate
+
+
+PRICED_CONTEXT_ID = _id_costing(CONTEXT_ID_TOKENS)  # an id of exactly the charged cost
+
+
+def envelope(task="deploy smoke", max_tokens=1200, context_id=PRICED_CONTEXT_ID):
     return {"context_id": context_id, "query": task,
             "scope": {"subject_id": "user_rama", "project_id": None},
             "budget": {"max_tokens": max_tokens, "used_tokens": 0},
@@ -151,6 +164,14 @@ def test_an_item_is_its_prefix_then_its_suffix_and_counts_as_their_sum(item):
     prefix, suffix = item_prefix(fields_of(item)), item_suffix(item["score"], item["score_components"])
     assert prefix + suffix == dumps(item)
     assert count_tokens(prefix) + count_tokens(suffix) == count_tokens(dumps(item))
+    assert suffix_tokens(item["score"], item["score_components"]) == count_tokens(suffix)
+
+
+@given(score=st.floats(0, 1), components=COMPONENTS, tiny=st.sampled_from([0.0, 1e-05, 5e-06, 1e-06, 0.000123]))
+def test_the_suffix_count_is_the_tokenizers_count_for_every_number_shape(score, components, tiny):
+    components = dict(components, conflict=tiny)
+    for s in (round(score, 6), score, tiny):
+        assert suffix_tokens(s, components) == count_tokens(item_suffix(s, components))
 
 
 @settings(max_examples=100, deadline=None)
