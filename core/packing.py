@@ -80,21 +80,25 @@ SEAMS = Seams.measured()
 # Every number is a float's repr (``0.744167``, ``1.0``, ``1e-05``): it
 # starts and ends with a digit, and a digit beside punctuation is a piece
 # boundary, so the suffix's count is the skeleton's punctuation and keys
-# plus each number's own count. Both are counted with the tokenizer once and
-# kept (numbers repeat: trust, utility and conflict take a few values each).
+# (counted with the tokenizer once per key order, kept) plus each number's.
+# Inside a number cl100k_base cuts runs of digits into groups of at most
+# three, and ".", "e", "-" and "+" are pieces of their own; every such group
+# and sign is one token of cl100k_base's table (tests/test_packing.py checks
+# all 1,110 digit strings), so a number's count is arithmetic.
 
-_NUMBER_TOKENS: dict[float, int] = {}
 _SKELETON_TOKENS: dict[tuple, int] = {}
-_NUMBERS_KEPT = 200_000
 
 
-def _number_tokens(value: float) -> int:
-    n = _NUMBER_TOKENS.get(value)
-    if n is None:
-        if len(_NUMBER_TOKENS) >= _NUMBERS_KEPT:
-            _NUMBER_TOKENS.clear()
-        n = _NUMBER_TOKENS[value] = count_tokens(repr(value))
-    return n
+def number_tokens(value: float) -> int:
+    """``count_tokens(repr(value))`` for a non-negative float or int."""
+    tokens = run = 0
+    for ch in repr(value):
+        if "0" <= ch <= "9":
+            run += 1
+        else:
+            tokens += (run + 2) // 3 + 1  # the digits so far, then this sign
+            run = 0
+    return tokens + (run + 2) // 3
 
 
 def suffix_tokens(score: float, components: dict) -> int:
@@ -103,9 +107,9 @@ def suffix_tokens(score: float, components: dict) -> int:
     skeleton = _SKELETON_TOKENS.get(keys)
     if skeleton is None:
         # the skeleton with every number a "0" (one token), less those zeros
-        skeleton = _SKELETON_TOKENS[keys] = (count_tokens(item_suffix(0.0, dict.fromkeys(keys, 0.0)))
-                                             - (len(keys) + 1) * count_tokens(repr(0.0)))
-    return skeleton + _number_tokens(score) + sum(_number_tokens(v) for v in components.values())
+        skeleton = _SKELETON_TOKENS[keys] = (count_tokens(item_suffix(0, dict.fromkeys(keys, 0)))
+                                             - (len(keys) + 1) * count_tokens("0"))
+    return skeleton + number_tokens(score) + sum(number_tokens(v) for v in components.values())
 
 
 class BudgetTooSmall(Exception):

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from core.domain import CLAIM_KINDS, INSTRUCTIONS, POLICY_SNAPSHOT
 from core.packing import (CONTEXT_ID_TOKENS, MAX_PER_KIND, SEAMS, BudgetTooSmall, PackCandidate, Score, assemble, dumps,
-                          envelope_tokens, item_prefix, item_suffix, pack, smallest_budget, suffix_tokens)
+                          envelope_tokens, item_prefix, item_suffix, number_tokens, pack, smallest_budget,
+                          suffix_tokens)
 from core.tokens import count_tokens
 
 SEAM_ALLOWANCE = 8
@@ -165,6 +166,18 @@ def test_an_item_is_its_prefix_then_its_suffix_and_counts_as_their_sum(item):
     assert prefix + suffix == dumps(item)
     assert count_tokens(prefix) + count_tokens(suffix) == count_tokens(dumps(item))
     assert suffix_tokens(item["score"], item["score_components"]) == count_tokens(suffix)
+
+
+def test_every_group_of_up_to_three_digits_and_every_sign_of_a_float_is_one_token():
+    """The premise of number_tokens, for the shipped (sha256-pinned) table."""
+    import itertools
+    groups = ["".join(g) for n in (1, 2, 3) for g in itertools.product("0123456789", repeat=n)]
+    assert [count_tokens(g) for g in groups + [".", "e", "-", "+"]] == [1] * (len(groups) + 4)
+
+
+@given(value=st.floats(0, 1e12) | st.integers(0, 10**9) | st.sampled_from([0.0, 1.0, 1e-05, 5e-06, 1e-300, 1e22]))
+def test_a_numbers_count_is_the_tokenizers_count(value):
+    assert number_tokens(value) == count_tokens(repr(value))
 
 
 @given(score=st.floats(0, 1), components=COMPONENTS, tiny=st.sampled_from([0.0, 1e-05, 5e-06, 1e-06, 0.000123]))
