@@ -233,7 +233,7 @@ def environment(workload: dict) -> dict:
             "apsw": apsw.apsw_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
             "workload_seed": workload["seed"], "max_tokens": workload["max_tokens"],
             "tasks": len(workload["tasks"]), "warmup_tasks": len(workload["warmup_tasks"]),
-            "token_estimator": getattr(tokens, "ESTIMATOR_NAME", "unknown")}
+            "tokenizer": tokens.TOKENIZER_ID}
 
 
 def write_results(results: list[dict], env: dict, path: Path = RESULTS_FILE) -> None:

@@ -496,7 +496,7 @@ def refresh_projections(db: apsw.Connection, claim_ids: Iterable[str],
     """Recompute every derived column of these claims from canonical rows;
     ``lexical`` is told of every row entering or leaving claims_fts. The
     exact token count of each item's prefix (``core.packing.item_prefix``)
-    is taken in batches of ``PRICE_BATCH`` on the tokenizer's threads."""
+    is taken in batches of ``PRICE_BATCH``, written with one statement each."""
     pending: list[tuple] = []  # UPDATE parameters, the prefix text where prefix_tokens goes
     for claim_id in sorted(claim_ids):
         row = db.execute("SELECT rowid, statement, indexed, kind, confidence, trust, observer_id, valid_from,"

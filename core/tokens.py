@@ -77,8 +77,9 @@ def count_tokens(text: str) -> int:
 
 
 def count_tokens_batch(texts: list[str]) -> list[int]:
-    """``count_tokens`` of many texts at once, on tiktoken's threads: the
-    snapshot build prices every changed item this way."""
-    if len(texts) < 64:
-        return [count_tokens(t) for t in texts]
-    return [len(ids) for ids in _ENCODING.encode_ordinary_batch(texts, num_threads=max(1, os.cpu_count() or 1))]
+    """``count_tokens`` of many texts: the snapshot build prices every
+    changed item this way. A plain loop: tiktoken's threaded
+    ``encode_ordinary_batch`` measured 2-3x slower here on 10,000 item
+    prefixes (~435 bytes: 1.1 s looped, 2.0-2.9 s batched, 2 cores)."""
+    encode = _encode
+    return [len(encode(t)) if t else 0 for t in texts]
