@@ -13,9 +13,11 @@ from __future__ import annotations
 from core.compile import Compiler
 from core.domain import FEEDBACK_OUTCOMES
 from core.errors import NotFound
-from core.ids import entry_hex, parse_id
+from core.idempotency import Attempt
+from core.ids import parse_id
 from core.keys import Principal
-from core.ledger import RUN_SUFFIX, Ledger
+from core.ledger import RUN_SUFFIX, Ledger, entry_key
+from core.instants import canonical, from_ms
 from core.validation import IDENTIFIER, Fields
 
 
@@ -25,8 +27,9 @@ class FeedbackDesk:
         self.compiler = compiler
         self.on_write = on_write or (lambda org_id: None)
 
-    def record(self, principal: Principal, context_id: str, body: dict) -> dict:
+    def record(self, principal: Principal, context_id: str, body: dict, attempt: Attempt | None = None) -> dict:
         principal.require("context:feedback")
+        attempt = attempt or Attempt()
         f = Fields(body, "body", ("outcome", "claim_id", "reason_code"))
         outcome = f.string("outcome", choices=FEEDBACK_OUTCOMES)
         claim_id = f.string("claim_id", required=False, max_len=64)
@@ -35,15 +38,18 @@ class FeedbackDesk:
         if claim_id is not None and (parse_id(claim_id, "claim") is None or
                                      claim_id not in {i["claim_id"] for i in run["items"]}):
             raise NotFound(f"claim {claim_id} not found in context {context_id}")
-        hex_ = entry_hex()
+        hex_ = attempt.entry_hex
         feedback_id = f"fb_{hex_}"
-        entry = self.ledger.append(principal.org_id, "feedback", {
+        # feedback on the pack as a whole moves no claim: like the run it
+        # annotates, no snapshot needs it, so the rebuild passes it over
+        suffix = ".json" if claim_id else RUN_SUFFIX
+        result = {"feedback_id": feedback_id, "context_id": context_id, "claim_id": claim_id,
+                  "outcome": outcome, "recorded_at": canonical(from_ms(int(hex_[:12], 16)))}
+        attempt.claim(entry_key(principal.org_id, hex_, suffix))
+        self.ledger.append(principal.org_id, "feedback", {
             "feedback_id": feedback_id, "context_id": context_id, "claim_id": claim_id,
-            "outcome": outcome, "reason_code": reason_code}, actor=principal.principal_id, entry_hex=hex_,
-            # feedback on the pack as a whole moves no claim: like the run it
-            # annotates, no snapshot needs it, so the rebuild passes it over
-            suffix=".json" if claim_id else RUN_SUFFIX)
+            "outcome": outcome, "reason_code": reason_code, **attempt.answer(201, result)},
+            actor=principal.principal_id, entry_hex=hex_, suffix=suffix)
         if claim_id:
             self.on_write(principal.org_id)
-        return {"feedback_id": feedback_id, "context_id": context_id, "claim_id": claim_id,
-                "outcome": outcome, "recorded_at": entry["recorded_at"]}
+        return result

@@ -21,11 +21,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from core.errors import Internal, MethodNotAllowed, NotFound, PayloadTooLarge, TitenError, Unavailable
+from core.idempotency import HEADER as IDEMPOTENCY_HEADER, parse_key as parse_idempotency_key
 from core.ids import new_id
 from core.keys import Principal
 from core.packing import dumps
 from core.retrieval import claim_for_reader, observations_for_reader, readable_evidence
-from core.service import Service
+from core.service import WRITE_ROUTES, Service
 from core.store import StoreError
 from core.validation import MAX_BODY_BYTES, parse_json_body
 
@@ -126,18 +127,14 @@ def create_app(service: Service) -> Starlette:
             data["vector_error"] = vector_error
         return 200, data, {}
 
-    @endpoint(service, body=True)
-    def observations(request, principal, body):
-        return 201, service.writes.record_observation(principal, body), {}
-
-    @endpoint(service, body=True)
-    def consolidations(request, principal, body):
-        return 201, service.writes.record_consolidation(principal, body), {}
-
-    def transition(action: str, status: int):
+    def write(route: str):
+        """A write route: the service runs it, replaying a retried key."""
         @endpoint(service, body=True)
         def run(request, principal, body):
-            return status, service.writes.transition(principal, request.path_params["claim_id"], action, body), {}
+            key = parse_idempotency_key(request.headers.get(IDEMPOTENCY_HEADER))
+            outcome = service.write(principal, route, dict(request.path_params), body, key)
+            return outcome.status, outcome.data, ({} if outcome.replay is None
+                                                  else {"idempotent_replay": outcome.replay})
         return run
 
     @endpoint(service)
@@ -171,10 +168,6 @@ def create_app(service: Service) -> Starlette:
     def stored_context(request, principal, body):
         return 200, service.compiler.stored_pack(principal, request.path_params["context_id"]), {}
 
-    @endpoint(service, body=True)
-    def feedback(request, principal, body):
-        return 201, service.feedback.record(principal, request.path_params["context_id"], body), {}
-
     @endpoint(service)
     def admin_rebuild(request, principal, body):
         principal.require("admin")
@@ -187,15 +180,13 @@ def create_app(service: Service) -> Starlette:
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
-        Route("/v1/observations", observations, methods=["POST"]),
-        Route("/v1/consolidations", consolidations, methods=["POST"]),
-        Route("/v1/claims/{claim_id}/supersede", transition("supersede", 201), methods=["POST"]),
-        Route("/v1/claims/{claim_id}/revoke", transition("revoke", 200), methods=["POST"]),
-        Route("/v1/claims/{claim_id}/expire", transition("expire", 200), methods=["POST"]),
+        *(Route(route.split(" ", 1)[1], write(route), methods=["POST"]) for route in WRITE_ROUTES
+          if "/feedback" not in route),
         Route("/v1/claims/{claim_id}/evidence", evidence, methods=["GET"]),
         Route("/v1/context/compile", compile_context, methods=["POST"]),
         Route("/v1/context/{context_id}", stored_context, methods=["GET"]),
-        Route("/v1/context/{context_id}/feedback", feedback, methods=["POST"]),
+        Route("/v1/context/{context_id}/feedback", write("POST /v1/context/{context_id}/feedback"),
+              methods=["POST"]),
         Route("/v1/admin/rebuild", admin_rebuild, methods=["POST"]),
     ]
 

@@ -16,6 +16,7 @@ from core.compile import Compiler
 from core.config import Settings
 from core.errors import Conflict, Unavailable
 from core.feedback import FeedbackDesk
+from core.idempotency import Idempotency, Outcome
 from core.keys import KeyRing
 from core.ledger import Ledger
 from core.rebuild import RebuildConflict, RebuildResult, SnapshotBuilder
@@ -58,9 +59,19 @@ class Service:
         self.writes = Writes(self.store, self.reader, on_write)
         self.compiler = Compiler(self.ledger, self.reader, self.vector_state, self.vectors)
         self.feedback = FeedbackDesk(self.ledger, self.compiler, on_write)
+        self.idempotency = Idempotency(self.store)
         self._rebuild_locks: dict[str, threading.Lock] = {}
         self._timers: dict[str, threading.Timer] = {}
         self._guard = threading.Lock()
+
+    def write(self, principal, route: str, params: dict, body, idempotency_key: str | None = None) -> Outcome:
+        """Every write route, for every caller (HTTP, CLI, MCP): ``route`` is
+        one of ``WRITE_ROUTES``; with a key, a retry replays the first answer
+        (core/idempotency.py, docs/api.md §12)."""
+        scope, run = WRITE_ROUTES[route]
+        principal.require(scope)  # before any record is read: a key without the scope learns nothing
+        return self.idempotency.run(principal, route, idempotency_key, params, body,
+                                    lambda attempt: run(self, principal, params, body, attempt))
 
     def builder(self, org_id: str, progress=None) -> SnapshotBuilder:
         return SnapshotBuilder(self.store, org_id, work_dir=os.path.join(self.settings.cache_dir, "build"),
@@ -146,3 +157,28 @@ class Service:
         for org_id, timer in pending:
             timer.cancel()
             self._run_scheduled(org_id)
+
+
+def _transition(action: str):
+    from core.writes import TRANSITION_STATUS
+
+    def run(service, principal, params, body, attempt):
+        return TRANSITION_STATUS[action], service.writes.transition(principal, params["claim_id"], action, body,
+                                                                    attempt)
+    return "memory:write", run
+
+
+# route -> (scope, run(service, principal, params, body, attempt) -> (status, data))
+WRITE_ROUTES = {
+    "POST /v1/observations": ("memory:write", lambda s, p, params, body, a: (
+        201, s.writes.record_observation(p, body, a))),
+    "POST /v1/observations/batch": ("memory:write", lambda s, p, params, body, a: (
+        201, s.writes.record_observation_batch(p, body, a))),
+    "POST /v1/consolidations": ("memory:write", lambda s, p, params, body, a: (
+        201, s.writes.record_consolidation(p, body, a))),
+    "POST /v1/claims/{claim_id}/supersede": _transition("supersede"),
+    "POST /v1/claims/{claim_id}/revoke": _transition("revoke"),
+    "POST /v1/claims/{claim_id}/expire": _transition("expire"),
+    "POST /v1/context/{context_id}/feedback": ("context:feedback", lambda s, p, params, body, a: (
+        201, s.feedback.record(p, params["context_id"], body, a))),
+}

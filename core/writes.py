@@ -24,8 +24,9 @@ from typing import Callable
 
 from core.domain import (CLAIM_KINDS, OBSERVATION_KINDS, RELATIONS, TRUST_LEVELS, VISIBILITY_RANK,
                          narrowest_visibility, strongest_trust)
-from core.errors import Conflict, Forbidden, NotFound, ValidationError
-from core.ids import entry_hex, entry_of, parse_id, record_hex
+from core.errors import Conflict, Forbidden, NotFound, TitenError, ValidationError
+from core.idempotency import Attempt
+from core.ids import entry_of, parse_id, record_hex
 from core.instants import canonical, from_ms
 from core.keys import Principal
 from core.ledger import Ledger, encode, entry_key
@@ -37,9 +38,11 @@ from core.validation import Fields
 
 MAX_CONTENT = 32_768
 MAX_STATEMENT = 4_000
+MAX_BATCH_ITEMS = 100
 WRITABLE_TRUST = ("unverified", "asserted", "verified")
 SOURCE_TYPE = __import__("re").compile(r"^[a-z][a-z0-9_]{0,31}$")
 CLAIM_FIELDS = ("statement", "kind", "confidence", "valid_from", "valid_to", "observer_id")
+TRANSITION_STATUS = {"supersede": 201, "revoke": 200, "expire": 200}
 
 
 def _created_at(entry: str) -> str:
@@ -85,31 +88,74 @@ class Writes:
         self.reader = reader
         self.on_write = on_write or (lambda org_id: None)
 
-    def _append(self, principal: Principal, entry_type: str, payload: dict, hex_: str) -> dict:
-        entry = self.ledger.append(principal.org_id, entry_type, payload, actor=principal.principal_id,
-                                   entry_hex=hex_)
+    def _append(self, principal: Principal, entry_type: str, payload: dict, attempt: Attempt,
+                status: int, result: dict) -> dict:
+        """Claim the idempotency key (if any), then store the entry with its answer."""
+        hex_ = attempt.entry_hex
+        attempt.claim(entry_key(principal.org_id, hex_))
+        entry = self.ledger.append(principal.org_id, entry_type, {**payload, **attempt.answer(status, result)},
+                                   actor=principal.principal_id, entry_hex=hex_)
         self.on_write(principal.org_id)
         return entry
 
     # -- observations ----------------------------------------------------------
 
-    def record_observation(self, principal: Principal, body: dict) -> dict:
+    def record_observation(self, principal: Principal, body: dict, attempt: Attempt | None = None) -> dict:
         principal.require("memory:write")
-        hex_ = entry_hex()
+        attempt = attempt or Attempt()
+        hex_ = attempt.entry_hex
         observation, claims = self.build_observation(principal, body, f"obs_{hex_}",
                                                      f"claim_{record_hex(hex_, 1)}", _created_at(hex_))
-        self._append(principal, "observation", {"observation": observation, "claims": claims}, hex_)
+        result = self.observation_answer(observation, claims)
+        self._append(principal, "observation", {"observation": observation, "claims": claims}, attempt,
+                     201, result)
+        return result
+
+    @staticmethod
+    def observation_answer(observation: dict, claims: list[dict]) -> dict:
         return {"observation_id": observation["observation_id"],
                 "claim_id": claims[0]["claim_id"] if claims else None,
                 "subject_id": observation["subject_id"], "project_id": observation["project_id"],
                 "trust": observation["trust"], "visibility": observation["visibility"],
                 "created_at": observation["created_at"]}
 
+    def record_observation_batch(self, principal: Principal, body: dict, attempt: Attempt | None = None) -> dict:
+        """Up to ``MAX_BATCH_ITEMS`` observation bodies in one ledger entry:
+        each valid item is stored, each invalid one reported by its index and
+        stored nowhere. When no item is valid nothing is stored and the
+        request is a ``ValidationError`` naming the first errors (a 2xx
+        always means something was stored)."""
+        principal.require("memory:write")
+        attempt = attempt or Attempt()
+        f = Fields(body, "body", ("items",))
+        items = f.array("items", min_len=1, max_len=MAX_BATCH_ITEMS)
+        hex_ = attempt.entry_hex
+        created_at = _created_at(hex_)
+        results, observations, claims = [], [], []
+        for i, item in enumerate(items):
+            try:
+                obs, obs_claims = self.build_observation(
+                    principal, item, f"obs_{record_hex(hex_, 2 * i + 1)}", f"claim_{record_hex(hex_, 2 * i + 2)}",
+                    created_at, path=f"items[{i}]")
+            except TitenError as exc:
+                results.append({"index": i, "error": {"code": exc.code, "message": exc.message}})
+                continue
+            observations.append(obs)
+            claims.extend(obs_claims)
+            results.append({"index": i, "data": self.observation_answer(obs, obs_claims)})
+        if not observations:
+            errors = "; ".join(r["error"]["message"] for r in results[:3])
+            more = f" (and {len(results) - 3} more)" if len(results) > 3 else ""
+            raise ValidationError(f"none of the {len(results)} items is valid, nothing was stored: {errors}{more}")
+        result = {"results": results}
+        self._append(principal, "batch", {"observations": observations, "claims": claims}, attempt, 201, result)
+        return result
+
     @staticmethod
     def build_observation(principal: Principal, body: dict, observation_id: str, claim_id: str,
-                          created_at: str) -> tuple[dict, list[dict]]:
+                          created_at: str, path: str = "body") -> tuple[dict, list[dict]]:
         """Validate one observation body into its final records (no I/O)."""
-        f = Fields(body, "body", ("subject_id", "project_id", "workspace_id", "kind", "content", "source",
+        f = Fields(body, path, ("subject_id", "project_id", "workspace_id", "kind", "content", "source",
                                   "trust", "visibility", "occurred_at", "claim"))
         subject_id = f.identifier("subject_id")
         project_id = f.identifier("project_id", required=False)
@@ -124,7 +170,7 @@ class Writes:
         trust = f.string("trust", required=False, choices=tuple(TRUST_LEVELS), default="asserted")
         _check_trust(principal, trust, "trust")
         visibility = f.string("visibility", required=False, choices=tuple(VISIBILITY_RANK), default="private")
-        _check_workspace(principal, visibility, workspace_id, "body")
+        _check_workspace(principal, visibility, workspace_id, path)
         occurred = f.instant("occurred_at")
         claim_f = f.object("claim", CLAIM_FIELDS)
         observation = {"observation_id": observation_id, "org_id": principal.org_id,
@@ -134,7 +180,7 @@ class Writes:
                        "occurred_at": canonical(occurred) if occurred else None, "created_at": created_at}
         claims = []
         if claim_f is not None:
-            fields = _claim_body(claim_f, "claim", created_at=created_at)
+            fields = _claim_body(claim_f, "claim" if path == "body" else f"{path}.claim", created_at=created_at)
             claims.append(Writes._claim_record(principal, claim_id[len("claim_"):], fields, created_at,
                                              subject_id=subject_id, project_id=project_id,
                                              visibility=visibility, workspace_id=workspace_id, trust=trust,
@@ -153,13 +199,14 @@ class Writes:
 
     # -- consolidations ----------------------------------------------------------
 
-    def record_consolidation(self, principal: Principal, body: dict) -> dict:
+    def record_consolidation(self, principal: Principal, body: dict, attempt: Attempt | None = None) -> dict:
         principal.require("memory:write")
+        attempt = attempt or Attempt()
         f = Fields(body, "body", ("subject_id", "project_id", "claims"))
         subject_id = f.identifier("subject_id")
         project_id = f.identifier("project_id", required=False)
         raw_claims = f.array("claims", min_len=1, max_len=50)
-        hex_ = entry_hex()
+        hex_ = attempt.entry_hex
         created_at = _created_at(hex_)
         parsed = []
         for i, raw in enumerate(raw_claims):
@@ -220,9 +267,10 @@ class Writes:
                 project_id=project_id, visibility=final_visibility,
                 workspace_id=workspace_id if final_visibility == "team" else None,
                 trust=final_trust, sources=sources))
+        result = {"claim_ids": [c["claim_id"] for c in claims], "model_used": False}
         self._append(principal, "consolidation", {"subject_id": subject_id, "project_id": project_id,
-                                                  "claims": claims}, hex_)
-        return {"claim_ids": [c["claim_id"] for c in claims], "model_used": False}
+                                                  "claims": claims}, attempt, 201, result)
+        return result
 
     def _observation(self, principal: Principal, observation_id: str) -> dict:
         hex_ = parse_id(observation_id, "obs")
@@ -239,8 +287,10 @@ class Writes:
 
     # -- lifecycle transitions ---------------------------------------------------
 
-    def transition(self, principal: Principal, claim_id: str, action: str, body: dict) -> dict:
+    def transition(self, principal: Principal, claim_id: str, action: str, body: dict,
+                   attempt: Attempt | None = None) -> dict:
         principal.require("memory:write")
+        attempt = attempt or Attempt()
         allowed = ("expected_version", "reason") + (
             CLAIM_FIELDS if action == "supersede" else ())
         f = Fields(body, "body", allowed)
@@ -258,7 +308,7 @@ class Writes:
             raise Conflict(f"claim {claim_id} is {head['status']}; only active or disputed claims can change")
         if head["version"] != expected:
             raise Conflict(f"claim {claim_id} is at version {head['version']}, not {expected}")
-        new_hex = entry_hex()
+        new_hex = attempt.entry_hex
         created_at = _created_at(new_hex)
         payload = {"claim_id": claim_id, "action": action, "expected_version": expected, "reason": reason}
         result: dict
@@ -286,8 +336,10 @@ class Writes:
             status = {"revoke": "revoked", "expire": "expired"}[action]
             result = {"claim_id": claim_id, "status": status, "version": expected + 1}
         entry = {"entry_id": new_hex, "type": "transition", "org_id": principal.org_id,
-                 "actor": principal.principal_id, "recorded_at": created_at, **payload}
+                 "actor": principal.principal_id, "recorded_at": created_at, **payload,
+                 **attempt.answer(TRANSITION_STATUS[action], result)}
         new_head = {"claim": claim, "version": expected + 1, "status": status, "pending_entry": entry}
+        attempt.claim(entry_key(principal.org_id, new_hex))
         try:
             if etag is None:
                 self.store.put_if_absent(head_key, json.dumps(new_head).encode())
