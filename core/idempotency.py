@@ -25,7 +25,7 @@ How, with nothing but the store's conditional writes:
 So a crash between the record and the entry never leaves a key stuck: the
 next retry completes the write. A record older than ``TTL_SECONDS`` counts
 as absent (the next write under the key replaces it by compare-and-swap) and
-the rebuild deletes it (``expired_records``).
+the rebuild deletes it (core/housekeeping.py).
 """
 
 from __future__ import annotations
@@ -193,20 +193,3 @@ class Idempotency:
             return None
         stored = entry["idempotency"]
         return Outcome(stored["status"], stored["data"], True)
-
-
-def expired_records(store: Store, org_id: str, ttl_seconds: int = TTL_SECONDS) -> int:
-    """Delete the organization's records older than the TTL (the rebuild's
-    housekeeping); returns how many went. A record is read before it is
-    deleted, so one replaced by a new write a moment ago is kept."""
-    removed = 0
-    limit = now_utc() - timedelta(seconds=ttl_seconds)
-    for key in list(store.list_keys(records_prefix(org_id))):
-        try:
-            record = json.loads(store.get(key).body)
-        except ObjectNotFound:
-            continue
-        if parse_instant(record["created_at"]) <= limit:
-            store.delete(key)
-            removed += 1
-    return removed

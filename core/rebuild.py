@@ -35,7 +35,7 @@ import apsw
 from core.domain import POSITIVE_OUTCOMES, TRUST_LEVELS
 from core.ids import uuid7_floor_hex, uuid7_ms
 from core.instants import canonical, now_utc, parse_instant
-from core import content_hash
+from core import content_hash, housekeeping
 from core.lexical import LexicalChanges, update_lexical_index
 from core.packing import item_fields, item_prefix
 from core.tokens import TOKENIZER_ID, count_tokens_batch
@@ -131,11 +131,14 @@ class SnapshotBuilder:
         # the published file stays in work_dir for the next build (0: never)
         self.keep_bytes = DEFAULT_KEEP_BYTES if keep_bytes is None else keep_bytes
         self.lexical_stats: dict | None = None  # what the last build did to the candidate index
+        self.housekeeping: dict | None = None  # what the last build's sweep removed (core/housekeeping.py)
 
     # -- public --------------------------------------------------------------
 
     def rebuild(self, *, from_scratch: bool = False, force: bool = False) -> RebuildResult:
         started = time.monotonic()
+        if housekeeping.due(self.store, self.org_id):
+            self.housekeeping = housekeeping.sweep(self.store, self.org_id)
         pointer, etag = read_pointer(self.store, self.org_id)
         os.makedirs(self.work_dir, exist_ok=True)
         work = os.path.join(self.work_dir, f"build-{self.org_id}-{secrets.token_hex(6)}.sqlite")
@@ -422,15 +425,28 @@ def apply_entry(db: apsw.Connection, entry: dict, touched: set[str]) -> None:
         for claim in entry["claims"]:
             _insert_claim(db, claim, entry, touched)
     elif kind == "batch":
-        batch_key = entry["batch_key"]
-        row = db.execute("SELECT entry_id FROM import_batches WHERE batch_key=?", (batch_key,)).fetchone()
-        if row is not None and row[0] <= entry["entry_id"]:
-            return  # a re-run of an import: the earlier entry already holds this batch
-        db.execute("INSERT OR REPLACE INTO import_batches(batch_key, entry_id) VALUES(?, ?)",
-                   (batch_key, entry["entry_id"]))
-        for obs in entry["observations"]:
+        observations, claims = entry["observations"], entry["claims"]
+        if "import" in entry:
+            # a line of an imported file is applied once, whichever entry
+            # brings it (core/importer.py keeps the ledger free of twins too)
+            file_sha = entry["import"]["file_sha256"]
+            fresh = set()
+            for obs, line in zip(observations, entry["import"]["lines"]):
+                if db.execute("INSERT OR IGNORE INTO import_lines(line_key, entry_id) VALUES(?, ?) RETURNING 1",
+                              (f"{file_sha}:{line}", entry["entry_id"])).fetchone() is not None:
+                    fresh.add(obs["observation_id"])
+            observations = [o for o in observations if o["observation_id"] in fresh]
+            claims = [c for c in claims if c["sources"][0]["observation_id"] in fresh]
+        elif "batch_key" in entry:  # the import format before line identities
+            batch_key = entry["batch_key"]
+            row = db.execute("SELECT entry_id FROM import_batches WHERE batch_key=?", (batch_key,)).fetchone()
+            if row is not None and row[0] <= entry["entry_id"]:
+                return  # a re-run of an import: the earlier entry already holds this batch
+            db.execute("INSERT OR REPLACE INTO import_batches(batch_key, entry_id) VALUES(?, ?)",
+                       (batch_key, entry["entry_id"]))
+        for obs in observations:
             _insert_observation(db, obs)
-        for claim in entry["claims"]:
+        for claim in claims:
             _insert_claim(db, claim, entry, touched)
     elif kind == "transition":
         db.execute(

@@ -15,7 +15,7 @@ status can still be compiled (active, disputed); superseded, expired and
 revoked claims are deleted from it, so they never count in BM25 statistics.
 """
 
-SCHEMA_VERSION = 2  # bump on any change to DDL: older snapshots are then replayed, never served
+SCHEMA_VERSION = 3  # bump on any change to DDL: older snapshots are then replayed, never served
 FTS_TOKENIZER = "porter unicode61 remove_diacritics 2"
 
 DDL = f"""
@@ -106,9 +106,11 @@ CREATE TABLE feedback(
 CREATE INDEX feedback_by_claim ON feedback(claim_id);
 
 -- bookkeeping, not canonical content: entries applied inside the skew
--- window (pruned behind it) and import batches already applied
+-- window (pruned behind it), import batches and imported lines already applied
 CREATE TABLE applied(entry_key TEXT PRIMARY KEY) WITHOUT ROWID;
 CREATE TABLE import_batches(batch_key TEXT PRIMARY KEY, entry_id TEXT NOT NULL) WITHOUT ROWID;
+-- every imported line applied, by identity (file sha256 : line number)
+CREATE TABLE import_lines(line_key TEXT PRIMARY KEY, entry_id TEXT NOT NULL) WITHOUT ROWID;
 
 CREATE VIRTUAL TABLE claims_fts USING fts5(
   statement, content='', contentless_delete=1, tokenize='{FTS_TOKENIZER}');

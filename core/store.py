@@ -63,6 +63,16 @@ class Store(abc.ABC):
         """Keys under ``prefix`` in byte order, strictly after ``start_after``."""
 
     @abc.abstractmethod
+    def list_modified(self, prefix: str) -> Iterator[tuple[str, float]]:
+        """(key, last-modified epoch seconds) under ``prefix``, as ``list_keys``:
+        what housekeeping needs to find old objects without reading them."""
+
+    def remove_stale_temporaries(self, prefix: str, older_than_seconds: float) -> int:
+        """Delete what killed writes left behind under ``prefix`` (never
+        listed as keys); returns how many. S3 leaves nothing: a PUT is atomic."""
+        return 0
+
+    @abc.abstractmethod
     def put_if_absent(self, key: str, body: bytes) -> str:
         """Create the key; ``PreconditionFailed`` if it exists. Returns the ETag."""
 

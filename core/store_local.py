@@ -17,6 +17,7 @@ import os
 import secrets
 import shutil
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Iterator
@@ -137,6 +138,34 @@ class LocalStore(Store):
                     found.append(key)
         found.sort()
         return iter(found)
+
+    def list_modified(self, prefix: str) -> Iterator[tuple[str, float]]:
+        for key in self.list_keys(prefix):
+            try:
+                yield key, os.stat(os.path.join(self.root, *key.split("/"))).st_mtime
+            except FileNotFoundError:
+                continue
+
+    def remove_stale_temporaries(self, prefix: str, older_than_seconds: float) -> int:
+        """A write killed between creating its temp file and linking it
+        leaves ``.tmp-…`` beside the objects. One older than any write takes
+        is removed; a younger one may be a live writer's."""
+        top = os.path.join(self.root, *prefix.rstrip("/").split("/")) if prefix.strip("/") else self.root
+        limit = time.time() - older_than_seconds
+        removed = 0
+        for dirpath, dirnames, filenames in os.walk(top):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            for name in filenames:
+                if not name.startswith(_TMP_PREFIX):
+                    continue
+                path = os.path.join(dirpath, name)
+                try:
+                    if os.stat(path).st_mtime < limit:
+                        os.unlink(path)
+                        removed += 1
+                except FileNotFoundError:
+                    continue
+        return removed
 
     def put_if_absent(self, key: str, body: bytes) -> str:
         path = self._path(key)

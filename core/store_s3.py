@@ -175,6 +175,15 @@ class S3Store(Store):
         except (ClientError, BotoCoreError) as e:
             raise self._fail(e, "ListObjectsV2", prefix) from None
 
+    def list_modified(self, prefix: str) -> Iterator[tuple[str, float]]:
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.bucket, Prefix=self._full_prefix(prefix)):
+                for item in page.get("Contents", ()):
+                    yield self._strip(item["Key"]), item["LastModified"].timestamp()
+        except (ClientError, BotoCoreError) as e:
+            raise self._fail(e, "ListObjectsV2", prefix) from None
+
     def download_file(self, key: str, path: str) -> None:
         """Stream the object to ``path`` in 1 MiB chunks (via a temp file in
         the same directory, renamed into place, so a failed download never

@@ -1,6 +1,7 @@
 """Writes you can retry (docs/api.md §12): the Idempotency-Key on every write route."""
 
 import json
+import os
 import threading
 from datetime import timedelta
 
@@ -238,6 +239,8 @@ def _age_records(api, hours):
         record = json.loads(obj.body)
         record["created_at"] = canonical(now_utc() - timedelta(hours=hours))
         store.compare_and_swap(rkey, json.dumps(record).encode(), obj.etag)
+        then = (now_utc() - timedelta(hours=hours)).timestamp()
+        os.utime(os.path.join(store.root, *rkey.split("/")), (then, then))
 
 
 # -- a crash between the record and the ledger entry ---------------------------

@@ -159,3 +159,33 @@ def test_upload_file_does_not_overwrite_an_existing_key(store, tmp_path):
 def test_download_of_absent_key_raises_not_found(store, tmp_path):
     with pytest.raises(ObjectNotFound):
         store.download_file("u/none", str(tmp_path / "x"))
+
+
+def test_list_modified_reports_each_key_under_the_prefix_with_its_write_time(store):
+    import time
+    before = time.time() - 5
+    store.put_if_absent("p/a", b"1")
+    store.put_if_absent("p/b", b"2")
+    store.put_if_absent("q/c", b"3")
+    listed = list(store.list_modified("p/"))
+    assert [k for k, _ in listed] == ["p/a", "p/b"]
+    assert all(before <= t <= time.time() + 5 for _, t in listed)
+
+
+def test_a_temporary_file_of_a_killed_write_is_never_listed_and_removed_once_stale(tmp_path):
+    import os
+    import time
+
+    from core.store_local import LocalStore
+
+    local = LocalStore(str(tmp_path / "s"))
+    local.put_if_absent("orgs/acme/ledger/a.json", b"{}")
+    ledger = tmp_path / "s" / "orgs" / "acme" / "ledger"
+    stale, fresh = ledger / ".tmp-0123456789abcdef", ledger / ".tmp-fedcba9876543210"
+    stale.write_bytes(b"x" * 424_000)
+    fresh.write_bytes(b"y")
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    assert list(local.list_keys("orgs/acme/ledger/")) == ["orgs/acme/ledger/a.json"]
+    assert [k for k, _ in local.list_modified("orgs/acme/")] == ["orgs/acme/ledger/a.json"]
+    assert local.remove_stale_temporaries("orgs/acme/", 3600) == 1
+    assert not stale.exists() and fresh.exists()  # a young one may be a live writer's
