@@ -8,6 +8,9 @@ lacks fails here, not in production; a permission granted beyond that shows
 up in the explicit "cannot" tests.
 """
 
+import json
+import os
+import time
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -216,6 +219,10 @@ class RecordingStore(Store):
         self.calls.append(("s3:ListBucket", None))
         return self.inner.list_keys(prefix, start_after)
 
+    def list_modified(self, prefix):
+        self.calls.append(("s3:ListBucket", None))
+        return self.inner.list_modified(prefix)
+
     def put_if_absent(self, key, body):
         self._note("put_if_absent", key)
         return self.inner.put_if_absent(key, body)
@@ -250,9 +257,14 @@ def test_api_role_allows_every_s3_access_the_api_makes(template, tmp_path):
     api = Api(Service(settings, store=recording))
     key = api.key("acme", "alice", ALL_SCOPES)
     recording.calls.clear()  # keys are created from a workstation, not by the API
-    # writes before any snapshot exists
+    # writes before any snapshot exists, one with an Idempotency-Key sent twice
     obs = api.observe(key, claim={"statement": "Deploy smoke must pass before release.", "kind": "procedural",
                                   "confidence": 0.9})
+    for _ in range(2):
+        r = api.post("/v1/observations/batch", {"items": [{
+            "subject_id": "user_rama", "kind": "tool_result", "content": "Canary passed.",
+            "source": {"type": "tool", "ref": "canary#1"}}]}, {**key, "Idempotency-Key": "batch-1"})
+        assert r.status_code == 201, r.text
     r = api.post("/v1/consolidations", {"subject_id": "user_rama", "claims": [
         {"statement": "Release needs a green smoke run.", "kind": "procedural", "confidence": 0.8,
          "sources": [{"observation_id": obs["observation_id"], "relation": "supports"}]}]}, key)
@@ -288,12 +300,22 @@ def test_rebuild_role_allows_every_s3_access_the_rebuild_makes(template, tmp_pat
     api = Api(Service(Settings.from_env(data_dir=str(tmp_path / "api")), store=inner))
     key = api.key("acme", "alice", ALL_SCOPES)
     recording = RecordingStore(inner)
+    r = api.post("/v1/observations", {"subject_id": "user_rama", "kind": "tool_result", "content": "Canary passed.",
+                                      "source": {"type": "tool", "ref": "canary#1"}}, {**key, "Idempotency-Key": "k"})
+    assert r.status_code == 201
+    (record,) = inner.list_keys("orgs/acme/idempotency/")  # aged past its 24 hours:
+    path = os.path.join(inner.root, *record.split("/"))
+    body = json.loads(inner.get(record).body)
+    with open(path, "w") as f:
+        json.dump({**body, "created_at": "2000-01-01T00:00:00.000000Z"}, f)
+    os.utime(path, (time.time() - 2 * 86400,) * 2)
     for round_ in range(7):  # enough generations that old ones are retired
         api.observe(key, content=f"Smoke run {round_} returned 200.")
         _rebuild(recording, tmp_path)
     _rebuild(recording, tmp_path)  # nothing new: reads only
     SnapshotBuilder(recording, "acme", work_dir=str(tmp_path / "build")).rebuild(from_scratch=True)
     assert ("s3:DeleteObject" in {a for a, _ in recording.calls})
+    assert list(inner.list_keys("orgs/acme/idempotency/")) == []  # the rebuild's housekeeping took it
     denied = sorted({(a, k) for a, k in recording.calls if not allowed(template, "RebuildFunction", a, k)},
                     key=lambda c: (c[0], c[1] or ""))
     assert denied == []
