@@ -41,6 +41,7 @@ from core.errors import Conflict, TitenError, ValidationError
 from core.ids import entry_hex as new_entry_hex
 from core.instants import canonical, now_utc, parse_instant
 from core.keys import Principal
+from core.ledger import Ledger
 from core.store import ObjectNotFound, PreconditionFailed, Store
 
 TTL_SECONDS = 24 * 3600
@@ -187,9 +188,8 @@ class Idempotency:
     def _answer(self, entry_key: str | None) -> Outcome | None:
         if not entry_key:
             return None
-        try:
-            entry = json.loads(self.store.get(entry_key).body)
-        except ObjectNotFound:
+        entry = Ledger(self.store).read_key(entry_key, missing_ok=True)  # follows a moved stub
+        if entry is None:
             return None
         stored = entry["idempotency"]
         return Outcome(stored["status"], stored["data"], True)

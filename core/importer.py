@@ -30,6 +30,7 @@ run imports the same file. How:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sys
@@ -62,8 +63,9 @@ def _lines(path: str) -> Iterator[tuple[int, int, bytes]]:
 
 def _part_hex(group_hex: str, part: int) -> str:
     """The entry id of a group's ``part``-th entry: the group's id with the
-    part number in random bits, so it keeps the group's time order."""
-    return group_hex if part == 0 else f"{group_hex[:24]}{part:04x}0000"
+    part number in place of 16 random bits, so it keeps the group's time
+    order and the group's entries share one listing prefix."""
+    return f"{group_hex[:24]}{part:04x}0000"
 
 
 def markers_prefix(org_id: str, file_sha: str) -> str:
@@ -93,6 +95,7 @@ class _Import:
         """Claim each intended block for the group; the blocks it holds (its
         own claims and those a taker made for it), in order."""
         body = json.dumps({"entry_id": group_hex, "blocks": intended, "batch_size": batch_size,
+                           "principal_id": self.principal.principal_id,
                            "claimed_at": canonical(now_utc())}).encode()
         held = []
         for block in intended:
@@ -109,8 +112,12 @@ class _Import:
         """The entry ids of the group already in the ledger (one listing)."""
         return {k.rsplit("/", 1)[1][:32] for k in self.store.list_keys(ledger_prefix(self.org_id) + group_hex[:24])}
 
-    def write_group(self, group_hex: str, held: list[int], batch_size: int, present: set[str]) -> int:
-        """Write the group's entries not in ``present``; returns how many."""
+    def write_group(self, group_hex: str, held: list[int], batch_size: int, present: set[str],
+                    principal: Principal | None = None) -> int:
+        """Write the group's entries not in ``present``; returns how many.
+        ``principal``: the writer the group's markers name (a taker writes
+        the very records the killed run would have)."""
+        principal = principal or self.principal
         indexes = [i for b in held for i in range(b * BLOCK_LINES, min((b + 1) * BLOCK_LINES, len(self.numbers)))]
         created_at = canonical(from_ms(int(group_hex[:12], 16)))
         written = 0
@@ -123,7 +130,7 @@ class _Import:
                 for pos, i in enumerate(indexes[start:start + batch_size]):
                     f.seek(self.offsets[i])
                     obs, obs_claims = Writes.build_observation(
-                        self.principal, json.loads(f.readline()), f"obs_{record_hex(hex_, 2 * pos + 1)}",
+                        principal, json.loads(f.readline()), f"obs_{record_hex(hex_, 2 * pos + 1)}",
                         f"claim_{record_hex(hex_, 2 * pos + 2)}", created_at)
                     observations.append(obs)
                     claims.extend(obs_claims)
@@ -132,7 +139,7 @@ class _Import:
                     self.ledger.append(self.org_id, "batch", {
                         "import": {"file_sha256": self.file_sha, "group": group_hex, "lines": lines},
                         "observations": observations, "claims": claims},
-                        actor=self.principal.principal_id, entry_hex=hex_)
+                        actor=principal.principal_id, entry_hex=hex_)
                     written += 1
                 except PreconditionFailed:
                     pass  # a taker (or the original run) stored this very entry first
@@ -159,7 +166,8 @@ class _Import:
             claimed.update(marker["blocks"])
             present = self.present(group_hex)
             if held and not self.group_complete(group_hex, held, marker["batch_size"], present):
-                self.written += self.write_group(group_hex, held, marker["batch_size"], present)
+                writer = dataclasses.replace(self.principal, principal_id=marker["principal_id"])
+                self.written += self.write_group(group_hex, held, marker["batch_size"], present, writer)
                 self.taken_over += 1
                 progress(f"completed the entries of an interrupted run (blocks {held[0]}-{held[-1]})")
         return claimed

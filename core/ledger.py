@@ -9,16 +9,31 @@ always be rebuilt from them.
 An entry whose record has its own id (an observation, a context run) uses
 that id's hex as its key, so the record can be read back directly and at
 once — before any rebuild — by id.
+
+**Late entries.** A write completed long after its id was minted (a retry
+taking over an Idempotency-Key, a re-run finishing a killed import, the next
+writer finishing a claim's pending transition) must still reach the next
+snapshot, but the rebuild lists only a skew window behind its watermark. An
+id older than ``LATE_AFTER_SECONDS`` is therefore stored under a fresh key
+first, then a small *moved* stub is put at its own key, pointing there:
+readers by id follow the stub, the rebuild passes stubs over. Two writers of
+one late entry can both store it (each checks, then writes); they store the
+same records under the same ids, which every apply treats as one.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Iterator
 
 from core.ids import entry_hex as new_entry_hex
+from core.ids import uuid7_ms
 from core.instants import canonical, from_ms
 from core.store import ObjectNotFound, PreconditionFailed, Store
+
+LATE_AFTER_SECONDS = 60  # well inside the rebuild's skew window (core/rebuild.py)
+MOVED = "moved"
 
 
 def ledger_prefix(org_id: str) -> str:
@@ -60,19 +75,51 @@ class Ledger:
             fields = "".join(f",{json.dumps(k, ensure_ascii=False)}:{v}" for k, v in serialized.items())
             body = body[:-1] + fields.encode() + b"}"
             entry.update(serialized)
-        self.store.put_if_absent(entry_key(org_id, entry_hex, suffix), body)
+        self.store_entry(org_id, entry_hex, body, suffix)
         return entry
 
-    def read(self, org_id: str, entry_hex: str, suffix: str = ".json") -> dict | None:
+    def store_entry(self, org_id: str, entry_hex: str, body: bytes, suffix: str = ".json") -> None:
+        """Put-if-absent of one encoded entry under its id; ``PreconditionFailed``
+        when the entry is stored already. A late id goes under a fresh key
+        behind a moved stub (module docstring)."""
+        key = entry_key(org_id, entry_hex, suffix)
+        if time.time() * 1000 - uuid7_ms(entry_hex) < LATE_AFTER_SECONDS * 1000:
+            self.store.put_if_absent(key, body)
+            return
         try:
-            return json.loads(self.store.get(entry_key(org_id, entry_hex, suffix)).body)
+            self.store.get(key)
+            raise PreconditionFailed(f"{key} already exists")
         except ObjectNotFound:
-            return None
+            pass
+        fresh = new_entry_hex()
+        self.store.put_if_absent(entry_key(org_id, fresh, suffix), body)
+        try:
+            self.store.put_if_absent(key, encode({"entry_id": entry_hex, "type": MOVED, "org_id": org_id,
+                                                  "moved_to": fresh}))
+        except PreconditionFailed:
+            pass  # stored meanwhile by its first writer: the same records twice, applied once
+
+    def read(self, org_id: str, entry_hex: str, suffix: str = ".json") -> dict | None:
+        """The entry with this id (following a moved stub), or None."""
+        return self.read_key(entry_key(org_id, entry_hex, suffix), missing_ok=True)
 
     def keys_after(self, org_id: str, start_after: str | None) -> Iterator[str]:
         return self.store.list_keys(ledger_prefix(org_id), start_after=start_after)
 
-    def read_key(self, key: str) -> dict:
+    def read_key(self, key: str, *, missing_ok: bool = False) -> dict | None:
+        """The entry at ``key``, following a moved stub (the rebuild reads
+        stubs as they are: ``read_raw``)."""
+        try:
+            entry = json.loads(self.store.get(key).body)
+            if entry.get("type") == MOVED:
+                entry = json.loads(self.store.get(key.replace(entry["entry_id"], entry["moved_to"])).body)
+        except ObjectNotFound:
+            if missing_ok:
+                return None
+            raise
+        return entry
+
+    def read_raw(self, key: str) -> dict:
         return json.loads(self.store.get(key).body)
 
     def register_organization(self, org_id: str) -> None:

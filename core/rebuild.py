@@ -341,7 +341,7 @@ class SnapshotBuilder:
         applied = 0
         last_report = time.monotonic()
         with ThreadPoolExecutor(max_workers=8) as pool, db:
-            for key, entry in zip(keys, pool.map(self.ledger.read_key, keys)):
+            for key, entry in zip(keys, pool.map(self.ledger.read_raw, keys)):
                 apply_entry(db, entry, touched)
                 db.execute("INSERT INTO applied(entry_key) VALUES(?)", (key,))
                 applied += 1

@@ -348,7 +348,7 @@ class Writes:
         except PreconditionFailed:
             raise Conflict(f"claim {claim_id} changed concurrently; read it again and retry") from None
         try:
-            self.store.put_if_absent(entry_key(principal.org_id, new_hex), encode(entry))
+            self.ledger.store_entry(principal.org_id, new_hex, encode(entry))
         except PreconditionFailed:
             pass  # another writer read our head first and completed this very entry
         self.on_write(principal.org_id)
@@ -364,7 +364,7 @@ class Writes:
         pending = head.get("pending_entry")
         if pending is not None:
             try:  # complete a transition whose writer stopped after the swap
-                self.store.put_if_absent(entry_key(principal.org_id, pending["entry_id"]), encode(pending))
+                self.ledger.store_entry(principal.org_id, pending["entry_id"], encode(pending))
             except PreconditionFailed:
                 pass
         return head, obj.etag
