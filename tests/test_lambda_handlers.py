@@ -101,7 +101,8 @@ def rebuild_lines(capsys):
 
 # -- the event files ------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["healthz.json", "readyz.json", "observation.json", "compile.json"])
+@pytest.mark.parametrize("name", ["healthz.json", "readyz.json", "observation.json", "observation-batch.json",
+                                  "compile.json"])
 def test_http_event_files_are_http_api_payload_v2_with_base64_bodies(name):
     evt = event(name)
     assert evt["version"] == "2.0" and evt["routeKey"] == "$default" and evt["isBase64Encoded"] is True
@@ -127,6 +128,19 @@ def test_observation_event_is_accepted_with_its_claim_id(lam):
     assert body["data"]["observation_id"].startswith("obs_")
     assert body["data"]["claim_id"].startswith("claim_")
     assert len(list(lam.store.list_keys("orgs/demo/ledger/"))) == 1
+
+
+def test_a_keyed_batch_event_sent_twice_is_stored_once_and_replayed(lam):
+    status, first, _ = call(lam, "observation-batch.json")
+    assert status == 201, first
+    assert [("data" in r, r["index"]) for r in first["data"]["results"]] == [(True, 0), (False, 1)]
+    assert first["meta"]["idempotent_replay"] is False
+    status, again, _ = call(lam, "observation-batch.json")
+    assert status == 201 and again["data"] == first["data"] and again["meta"]["idempotent_replay"] is True
+    assert len(list(lam.store.list_keys("orgs/demo/ledger/"))) == 1
+    assert len(list(lam.store.list_keys("orgs/demo/idempotency/"))) == 1
+    status, other, _ = call(lam, "observation-batch.json", items=[])
+    assert status == 409 and other["error"]["code"] == "CONFLICT"
 
 
 def test_observation_without_a_valid_key_is_401(lam):
