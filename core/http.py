@@ -180,13 +180,10 @@ def create_app(service: Service) -> Starlette:
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
-        *(Route(route.split(" ", 1)[1], write(route), methods=["POST"]) for route in WRITE_ROUTES
-          if "/feedback" not in route),
+        *(Route(route.split(" ", 1)[1], write(route), methods=["POST"]) for route in WRITE_ROUTES),
         Route("/v1/claims/{claim_id}/evidence", evidence, methods=["GET"]),
         Route("/v1/context/compile", compile_context, methods=["POST"]),
         Route("/v1/context/{context_id}", stored_context, methods=["GET"]),
-        Route("/v1/context/{context_id}/feedback", write("POST /v1/context/{context_id}/feedback"),
-              methods=["POST"]),
         Route("/v1/admin/rebuild", admin_rebuild, methods=["POST"]),
     ]
 
