@@ -1,12 +1,24 @@
 """Instants: parse ISO-8601 from callers, store one canonical UTC form.
 
 The canonical form ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` has a fixed width, so the
-snapshot compares validity windows as plain strings inside SQL.
+snapshot compares validity windows as plain strings inside SQL. That only
+holds inside a fixed range of years, so every accepted instant must lie in
+``EARLIEST`` .. ``LATEST`` in UTC *after* its offset is applied
+(docs/api.md §5): ``0001-01-01T00:00:00+14:00`` is a year-0 instant and is
+refused as out of range, never an ``OverflowError``.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
+
+EARLIEST = datetime(1970, 1, 1, tzinfo=timezone.utc)
+LATEST = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc)
+RANGE_TEXT = "1970-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z"
+
+
+class InstantOutOfRange(ValueError):
+    """A well-formed instant outside ``EARLIEST`` .. ``LATEST`` in UTC."""
 
 
 def now_utc() -> datetime:
@@ -18,14 +30,21 @@ def canonical(dt: datetime) -> str:
 
 
 def parse_instant(value: str) -> datetime:
-    """An aware datetime from ISO-8601 text; naive input is rejected."""
+    """An aware UTC datetime from ISO-8601 text; naive input is rejected
+    (``ValueError``), an instant outside the range is ``InstantOutOfRange``."""
     text = value.strip()
     if text.endswith(("Z", "z")):
         text = text[:-1] + "+00:00"
     dt = datetime.fromisoformat(text)
     if dt.tzinfo is None:
         raise ValueError("instant needs a time zone offset or Z")
-    return dt.astimezone(timezone.utc)
+    try:
+        utc = dt.astimezone(timezone.utc)
+    except OverflowError:  # the offset moves it before year 1 or past year 9999
+        raise InstantOutOfRange(f"outside {RANGE_TEXT}") from None
+    if not EARLIEST <= utc <= LATEST:
+        raise InstantOutOfRange(f"outside {RANGE_TEXT}")
+    return utc
 
 
 def from_ms(ms: int) -> datetime:

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any, Iterable
 
 from core.errors import PayloadTooLarge, ValidationError
-from core.instants import parse_instant
+from core.instants import RANGE_TEXT, InstantOutOfRange, parse_instant
 
 MAX_BODY_BYTES = 1 << 20
 MAX_DEPTH = 64
@@ -194,6 +194,10 @@ class Fields:
             raise ValidationError(f"{self._name(name)} must be an ISO-8601 instant string")
         try:
             return parse_instant(v)
+        except InstantOutOfRange:
+            raise ValidationError(
+                f"{self._name(name)} must be an instant from {RANGE_TEXT} (UTC, after its offset); "
+                f"got {v[:64]!r}") from None
         except ValueError:
             raise ValidationError(
                 f"{self._name(name)} must be an ISO-8601 instant with a time zone, "

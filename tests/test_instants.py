@@ -1,0 +1,91 @@
+"""Every accepted instant lies in 1970-01-01T00:00:00Z .. 9999-12-31T23:59:59.999999Z
+in UTC after its offset (docs/api.md §5); outside it is a 400 naming the field
+and nothing is written. Calendar-edge offsets used to raise OverflowError (500)."""
+
+import pytest
+
+OUT_OF_RANGE = [
+    "0001-01-01T00:00:00+14:00",   # before year 1 once the offset is applied
+    "9999-12-31T23:59:59-14:00",   # past year 9999 once the offset is applied
+    "0001-01-01T00:00:00Z",
+    "1969-12-31T23:59:59.999999Z",
+    "1970-01-01T00:00:00+00:01",   # 1969-12-31T23:59Z
+]
+IN_RANGE = [
+    ("occurred_at", "1970-01-01T00:00:00Z"),
+    ("occurred_at", "1970-01-01T14:00:00+14:00"),  # exactly the earliest instant
+    ("occurred_at", "9999-12-31T23:59:59.999999Z"),
+    ("occurred_at", "9999-12-31T09:59:59-14:00"),
+    ("valid_from", "1970-01-01T00:00:00Z"),
+    ("valid_to", "9999-12-31T23:59:59Z"),
+    ("valid_to", "9999-12-31T09:59:59-14:00"),
+]
+
+CLAIM = {"statement": "Deploy smoke must pass before release.", "kind": "procedural", "confidence": 0.9}
+
+
+def observation(field, value):
+    body = {"subject_id": "user_rama", "kind": "tool_result", "content": "ok",
+            "source": {"type": "tool", "ref": "r"}, "visibility": "organization"}
+    if field == "occurred_at":
+        body["occurred_at"] = value
+    else:
+        body["claim"] = {**CLAIM, field: value}
+        if field == "valid_to":
+            body["claim"]["valid_from"] = "1970-01-01T00:00:00Z"
+    return body
+
+
+@pytest.mark.parametrize("value", OUT_OF_RANGE)
+@pytest.mark.parametrize("field", ["occurred_at", "valid_from", "valid_to"])
+def test_an_observation_instant_out_of_range_is_a_400_naming_the_field(api, field, value):
+    key = api.key()
+    r = api.post("/v1/observations", observation(field, value), key)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "VALIDATION_ERROR"
+    assert error["message"].startswith(field if field == "occurred_at" else f"claim.{field}")
+    assert "1970-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z" in error["message"]
+    assert api.ledger_keys() == []
+
+
+@pytest.mark.parametrize("value", OUT_OF_RANGE)
+def test_a_consolidation_instant_out_of_range_is_a_400_naming_the_field(api, value):
+    key = api.key()
+    obs_id = api.observe(key)["observation_id"]
+    before = api.ledger_keys()
+    r = api.post("/v1/consolidations", {"subject_id": "user_rama", "claims": [
+        {**CLAIM, "valid_from": value, "sources": [{"observation_id": obs_id, "relation": "supports"}]}]}, key)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"].startswith("claims[0].valid_from")
+    assert api.ledger_keys() == before
+
+
+@pytest.mark.parametrize("value", OUT_OF_RANGE)
+def test_a_compile_at_out_of_range_is_a_400_naming_the_field(api, value):
+    key = api.key()
+    api.observe(key, claim=CLAIM)
+    api.rebuild(key)
+    before = api.ledger_keys()
+    r = api.compile(key, "deploy", at=value)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "VALIDATION_ERROR"
+    assert r.json()["error"]["message"].startswith("at must be an instant from")
+    assert api.ledger_keys() == before  # no context run recorded
+
+
+@pytest.mark.parametrize("field,value", IN_RANGE)
+def test_the_ends_of_the_range_are_accepted(api, field, value):
+    key = api.key()
+    r = api.post("/v1/observations", observation(field, value), key)
+    assert r.status_code == 201, r.text
+
+
+@pytest.mark.parametrize("value", ["1970-01-01T00:00:00Z", "9999-12-31T23:59:59-00:00"])
+def test_compile_at_the_ends_of_the_range_answers(api, value):
+    key = api.key()
+    api.observe(key, claim=CLAIM)
+    api.rebuild(key)
+    r = api.compile(key, "deploy", at=value)
+    assert r.status_code == 200, r.text
+    assert r.json()["meta"]["at"][:4] == value[:4]
