@@ -36,7 +36,14 @@ def cmd_serve(args) -> int:
     service = _service(args, auto_rebuild=True)
     for org_id in service.ledger.organizations():
         result = service.rebuild(org_id, progress=stderr_progress)
-        print(f"serving {org_id} generation {result.generation} ({result.claim_count} claims)", file=sys.stderr)
+        for note in result.notes:
+            print(f"{org_id}: {note}", file=sys.stderr)
+        snapshot, reason = service.reader.check(org_id)
+        if snapshot is None:  # say what is served, not what was built
+            print(f"NOT serving {org_id}: {reason or 'no generation published'}", file=sys.stderr)
+        else:
+            print(f"serving {org_id} generation {snapshot.generation} ({snapshot.claim_count} claims)",
+                  file=sys.stderr)
     print(f"titen listening on http://{args.host}:{args.port} (store {service.store.url})", file=sys.stderr)
     uvicorn.run(create_app(service), host=args.host, port=args.port, log_level=args.log_level,
                 access_log=args.log_level == "debug")

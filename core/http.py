@@ -27,6 +27,7 @@ from core.keys import Principal
 from core.packing import dumps
 from core.retrieval import claim_for_reader, observations_for_reader, readable_evidence
 from core.service import WRITE_ROUTES, Service
+from core.snapshot import DAMAGE_ERRORS
 from core.store import StoreError
 from core.validation import MAX_BODY_BYTES, parse_json_body
 
@@ -81,6 +82,7 @@ def endpoint(service: Service, *, auth: bool = True, body: bool = False):
     def wrap(fn):
         async def run(request: Request) -> Response:
             request_id = new_id("req")
+            principal = None
             try:
                 principal = service.keys.authenticate(request.headers.get("authorization")) if auth else None
                 payload = await read_body(request) if body else None
@@ -88,6 +90,10 @@ def endpoint(service: Service, *, auth: bool = True, body: bool = False):
                 return json_response(status, success_body(data, {"request_id": request_id, **meta}), request_id)
             except TitenError as exc:
                 return error_response(exc, request_id)
+            except DAMAGE_ERRORS as exc:  # a damaged snapshot file: evicted, never served
+                if principal is None:
+                    raise
+                return error_response(service.snapshot_damaged(principal.org_id, exc), request_id)
             except StoreError:
                 log.exception("store failure [%s]", request_id)
                 return error_response(Unavailable("the store is unavailable; retry shortly"), request_id)
@@ -109,23 +115,25 @@ def create_app(service: Service) -> Starlette:
         if request.headers.get("authorization"):
             org = service.keys.authenticate(request.headers["authorization"]).org_id
         orgs = [org] if org else service.reader.loaded()
-        for o in orgs:
-            service.reader.current(o)
+        unavailable = [reason for _, reason in (service.reader.check(o) for o in orgs) if reason]
         states = [service.reader.status(o) for o in orgs]
         loaded = [s for s in states if s["generation"]]
         newest = max(loaded, key=lambda s: s["generation"], default=None)
         vector_state, vector_error = service.vector_status(orgs)
-        data = {"status": "ready",
+        data = {"status": "not_ready" if unavailable else "ready",
                 "generation": newest["generation"] if newest else 0,
                 "generation_age_seconds": newest["generation_age_seconds"] if newest else None,
                 "claim_count": sum(s["claim_count"] for s in states),
                 "vector": vector_state,
                 "organizations": len(loaded),
                 "last_refresh_error": next((s["last_refresh_error"] for s in states
-                                            if s["last_refresh_error"]), None)}
+                                            if s["last_refresh_error"]), None),
+                "last_eviction": next((s["last_eviction"] for s in states if s["last_eviction"]), None)}
+        if unavailable:
+            data["reason"] = unavailable[0]
         if vector_error:
             data["vector_error"] = vector_error
-        return 200, data, {}
+        return (503 if unavailable else 200), data, {}
 
     def write(route: str):
         """A write route: the service runs it, replaying a retried key."""
@@ -175,7 +183,7 @@ def create_app(service: Service) -> Starlette:
         return 200, {"generation": result.generation, "published": result.published,
                      "entries_applied": result.entries_applied, "content_hash": result.content_hash,
                      "claim_count": result.claim_count, "snapshot_bytes": result.snapshot_bytes,
-                     "seconds": round(result.seconds, 3)}, {}
+                     "seconds": round(result.seconds, 3), "notes": list(result.notes)}, {}
 
     routes = [
         Route("/healthz", healthz, methods=["GET"]),

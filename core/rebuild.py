@@ -64,6 +64,9 @@ class RebuildResult:
     snapshot_bytes: int
     seconds: float
     snapshot_key: str | None
+    # what the build started from when that was not the published generation
+    # (e.g. "previous generation 8 fails its sha256: built from the ledger")
+    notes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -132,6 +135,7 @@ class SnapshotBuilder:
         self.keep_bytes = DEFAULT_KEEP_BYTES if keep_bytes is None else keep_bytes
         self.lexical_stats: dict | None = None  # what the last build did to the candidate index
         self.housekeeping: dict | None = None  # what the last build's sweep removed (core/housekeeping.py)
+        self.notes: list[str] = []  # why the last build did not start from the published generation
 
     # -- public --------------------------------------------------------------
 
@@ -139,6 +143,7 @@ class SnapshotBuilder:
         started = time.monotonic()
         if housekeeping.due(self.store, self.org_id):
             self.housekeeping = housekeeping.sweep(self.store, self.org_id)
+        self.notes = []
         pointer, etag = read_pointer(self.store, self.org_id)
         os.makedirs(self.work_dir, exist_ok=True)
         work = os.path.join(self.work_dir, f"build-{self.org_id}-{secrets.token_hex(6)}.sqlite")
@@ -164,7 +169,7 @@ class SnapshotBuilder:
                     return RebuildResult(self.org_id, pointer["generation"], False, 0,
                                          pointer["content_hash"], pointer["claim_count"],
                                          pointer["bytes"], time.monotonic() - started,
-                                         pointer["snapshot_key"])
+                                         pointer["snapshot_key"], tuple(self.notes))
                 generation = (pointer["generation"] if pointer else 0) + 1
                 self.progress(f"{self.org_id}: updating the candidate index")
                 with db:
@@ -198,7 +203,7 @@ class SnapshotBuilder:
             key, size, sha = self._publish(work, generation, digest, claim_count, pointer, etag, vector)
             self._keep(work, key, sha, size)
             return RebuildResult(self.org_id, generation, True, applied, digest, claim_count, size,
-                                 time.monotonic() - started, key)
+                                 time.monotonic() - started, key, tuple(self.notes))
         finally:
             for suffix in ("", "-journal", "-wal", "-shm"):
                 try:
@@ -283,23 +288,28 @@ class SnapshotBuilder:
             if self._take_kept(work, pointer):
                 self.progress(f"{self.org_id}: starting from generation {pointer['generation']}, kept locally")
             else:
-                self.store.download_file(pointer["snapshot_key"], work)
-                if file_sha256(work) != pointer["sha256"]:
+                try:
+                    self.store.download_file(pointer["snapshot_key"], work)
+                except ObjectNotFound:
+                    # A missing previous generation: replay (docs/architecture.md).
+                    self._replay_because(f"previous generation {pointer['generation']} is missing from the store")
+                    pointer = None
+                if pointer is not None and file_sha256(work) != pointer["sha256"]:
                     # A damaged previous generation is never built upon: replay.
-                    self.progress(f"{self.org_id}: previous snapshot fails its sha256; replaying the ledger")
+                    self._replay_because(f"previous generation {pointer['generation']} fails its sha256")
                     os.unlink(work)
                     pointer = None
         if pointer is not None and snapshot_schema_version(work) != SCHEMA_VERSION:
             # Built by another version of the schema: its tables cannot
             # be extended in place, but the ledger can always be replayed.
-            self.progress(f"{self.org_id}: previous snapshot has another schema; replaying the ledger")
+            self._replay_because(f"previous generation {pointer['generation']} has another schema")
             os.unlink(work)
             pointer = None
         if pointer is not None and snapshot_meta(work, "item_tokenizer") != TOKENIZER_ID:
             # Its stored item counts were made with another tokenizer: every
             # claim is priced again, from the ledger.
-            self.progress(f"{self.org_id}: previous snapshot counted tokens with another tokenizer; "
-                          "replaying the ledger")
+            self._replay_because(f"previous generation {pointer['generation']} counted tokens with "
+                                 "another tokenizer")
             os.unlink(work)
             pointer = None
         db = apsw.Connection(work)
@@ -310,6 +320,11 @@ class SnapshotBuilder:
                 self._set_meta(db, org_id=self.org_id, schema_version=SCHEMA_VERSION, watermark="",
                                item_tokenizer=TOKENIZER_ID)
         return db
+
+    def _replay_because(self, why: str) -> None:
+        note = f"{why}: built from the ledger"
+        self.notes.append(note)
+        self.progress(f"{self.org_id}: {note}")
 
     @staticmethod
     def _set_meta(db: apsw.Connection, **values) -> None:

@@ -8,7 +8,9 @@ moment later, so a write is compile-visible within about a second.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import threading
 
@@ -80,21 +82,41 @@ class Service:
 
     def rebuild(self, org_id: str, *, from_scratch: bool = False, force: bool = False,
                 progress=None) -> RebuildResult:
-        """Rebuild one organization and serve the result before returning."""
+        """Rebuild one organization and serve the result before returning.
+        When this server refused the published generation (damaged,
+        missing), the rebuild replays the ledger and publishes a new one
+        whatever the ledger holds, and its ``notes`` say so."""
+        repair = self.reader.needs_repair(org_id)
+        note = (f"this server refused the published generation ({repair}): built from the ledger",) \
+            if repair else ()
         if self.settings.rebuild_function:
-            return self._rebuild_remotely(org_id, from_scratch)
+            result = self._rebuild_remotely(org_id, from_scratch or bool(repair))
+            return dataclasses.replace(result, notes=note + result.notes)
         with self._guard:
             lock = self._rebuild_locks.setdefault(org_id, threading.Lock())
         with lock:
             for attempt in range(2):
                 try:
-                    result = self.builder(org_id, progress).rebuild(from_scratch=from_scratch, force=force)
+                    result = self.builder(org_id, progress).rebuild(from_scratch=from_scratch or bool(repair),
+                                                                    force=force)
                     break
                 except RebuildConflict:
                     if attempt:
                         raise Conflict("another rebuild of this organization published first; retry") from None
             self.reader.refresh(org_id, force=True)
-            return result
+        if not repair and self.reader.needs_repair(org_id):
+            # serving it showed the published generation damaged (e.g. a build
+            # that started from this machine's intact kept copy): repair now
+            return self.rebuild(org_id, force=force, progress=progress)
+        return dataclasses.replace(result, notes=note + result.notes)
+
+    def snapshot_damaged(self, org_id: str, exc: BaseException) -> Unavailable:
+        """A request met a damaged snapshot file: evict it (refetched and
+        verified at the next request) and answer this one with a 503."""
+        reason = self.reader.evict_damaged(org_id, exc)
+        logging.getLogger("titen").error("%s: %s", org_id, reason)
+        return Unavailable(f"the snapshot of this organization is damaged and was evicted; it is being "
+                           f"fetched and verified again, retry shortly ({reason})")
 
     def vector_status(self, org_ids: list[str]) -> tuple[str, str | None]:
         """(/readyz vector state, reason): disabled; enabled; or error when a
@@ -102,7 +124,7 @@ class Service:
         if self.vectors is None:
             return "disabled", None
         for org_id in org_ids:
-            snapshot = self.reader.current(org_id)
+            snapshot, _ = self.reader.check(org_id)
             problem = self.vectors.problem(snapshot) if snapshot is not None else None
             if problem:
                 return "error", f"{org_id}: {problem}"

@@ -7,6 +7,19 @@ read-only and swaps it in as one reference assignment. Any failure on that
 path keeps the old generation serving and is remembered for ``/readyz``. At
 most ``max_organizations`` snapshots are held (least recently used evicted,
 their files deleted).
+
+Never a silent wrong answer (docs/architecture.md, "Damaged snapshots"):
+
+- only a file whose sha256 matched the pointer is ever opened (copies left
+  in the cache by an earlier process are deleted, never reused); at each
+  TTL check the open file's size is compared with the pointer's, and a
+  forced refresh (after ``POST /v1/admin/rebuild``) hashes it again;
+- a SQLite damage error while serving (``DAMAGE_ERRORS``) evicts that
+  generation (``evict_damaged``): the request answers 503, ``/readyz`` says
+  why, and the next request fetches and verifies the generation afresh;
+- ``current`` returns ``None`` only when no generation is published; when
+  one is but none verified is loaded it raises ``Unavailable``, so compile
+  is a 503, never an empty pack.
 """
 
 from __future__ import annotations
@@ -21,7 +34,8 @@ from dataclasses import dataclass, field
 
 import apsw
 
-from core.instants import now_utc, parse_instant
+from core.errors import Unavailable
+from core.instants import canonical, now_utc, parse_instant
 from core.rebuild import file_sha256, pointer_key
 from core.snapshot_schema import SCHEMA_VERSION
 from core.store import ObjectNotFound, Store
@@ -29,6 +43,9 @@ from core.tokens import TOKENIZER_ID
 
 
 POINTER_READ_FAILED = "reading the snapshot pointer failed"
+
+# SQLite errors that mean the file being read is damaged, not the request.
+DAMAGE_ERRORS = (apsw.CorruptError, apsw.NotADBError, apsw.IOError, apsw.FormatError)
 
 
 @dataclass
@@ -65,7 +82,17 @@ class _OrgState:
     checked_at: float = float("-inf")
     last_error: str | None = None
     refused_etag: str | None = None  # a pointer whose generation failed verification
+    refusal: str | None = None  # why the pointer's generation was refused, until one loads
+    published: bool | None = None  # does the store hold a pointer? None: not known yet
+    last_eviction: str | None = None  # why the last served generation was evicted as damaged
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def unavailable_reason(self) -> str | None:
+        """Why nothing verified is served although a generation may exist."""
+        if self.snapshot is not None or self.published is False:
+            return None
+        reason = self.last_error or self.last_eviction or "no generation verified yet"
+        return f"no verified generation is loaded: {reason}"
 
 
 def open_readonly(path: str, on_open=None) -> apsw.Connection:
@@ -114,11 +141,39 @@ class SnapshotReader:
         return state
 
     def current(self, org_id: str) -> Snapshot | None:
-        """The generation to serve now, refreshed if the TTL has passed."""
+        """The verified generation to serve now, refreshed if the TTL has
+        passed; ``None`` only when the organization has no published
+        generation. ``Unavailable`` when one is published but none verified
+        is loaded (a damaged file, an unreachable store at start-up)."""
+        snapshot, reason = self.check(org_id)
+        if reason is not None:
+            raise Unavailable(f"the snapshot of this organization is unavailable ({reason}); "
+                              "retry shortly, or rebuild it")
+        return snapshot
+
+    def check(self, org_id: str) -> tuple[Snapshot | None, str | None]:
+        """(the generation served, why none can be) refreshing if due; never raises."""
         state = self._state(org_id)
         if time.monotonic() - state.checked_at >= self.ttl:
             self.refresh(org_id)
-        return state.snapshot
+        snapshot = state.snapshot
+        return snapshot, (state.unavailable_reason() if snapshot is None else None)
+
+    def evict_damaged(self, org_id: str, exc: BaseException) -> str:
+        """SQLite reported damage while serving: drop the generation served
+        (its file deleted), remember why, and refetch at the next request."""
+        state = self._state(org_id)
+        with state.lock:
+            old = state.snapshot
+            generation = old.generation if old is not None else 0
+            reason = (f"generation {generation} evicted at {canonical(now_utc())}: SQLite reported "
+                      f"{type(exc).__name__} while serving it; fetching and verifying it again")
+            if old is not None:
+                state.snapshot, state.etag, state.refused_etag = None, None, None
+                state.checked_at = float("-inf")
+                state.last_eviction = reason
+                self._discard(old)
+        return reason
 
     def refresh(self, org_id: str, force: bool = False) -> Snapshot | None:
         state = self._state(org_id)
@@ -126,13 +181,18 @@ class SnapshotReader:
             if not force and time.monotonic() - state.checked_at < self.ttl:
                 return state.snapshot
             state.checked_at = time.monotonic()
+            self._check_open_file(state, full=force)
             try:
                 obj = self.store.get_if_changed(pointer_key(org_id), state.etag)
             except ObjectNotFound:
-                return state.snapshot  # no generation published yet: nothing to serve
+                if state.snapshot is not None:  # the pointer vanished: keep what was verified
+                    return state.snapshot
+                state.published, state.last_error = False, None
+                return None  # no generation published yet: nothing to serve
             except Exception as exc:  # the store is unreachable: keep serving
                 state.last_error = f"{POINTER_READ_FAILED}: {type(exc).__name__}"
                 return state.snapshot
+            state.published = True
             if state.last_error and state.last_error.startswith(POINTER_READ_FAILED):
                 state.last_error = None  # the store answers again
             if obj is None or obj.etag == state.refused_etag:
@@ -141,15 +201,41 @@ class SnapshotReader:
                 snapshot = self._load(org_id, json.loads(obj.body))
             except SnapshotRejected as exc:
                 # the same bad generation is not fetched again; a new pointer is
-                state.last_error, state.refused_etag = str(exc), obj.etag
+                served = ("still serving generation %d" % state.snapshot.generation if state.snapshot
+                          else "no generation is being served; compile answers 503 until a rebuild "
+                               "publishes a verified one")
+                state.last_error, state.refused_etag = f"{exc}; {served}", obj.etag
+                state.refusal = str(exc)
                 return state.snapshot
             except Exception as exc:
                 state.last_error = f"loading the new generation failed: {type(exc).__name__}"
                 return state.snapshot
             old, state.snapshot, state.etag, state.last_error = state.snapshot, snapshot, obj.etag, None
+            state.refusal = None
             if old is not None and old.path != snapshot.path:
                 self._discard(old)
             return snapshot
+
+    def _check_open_file(self, state: _OrgState, *, full: bool) -> None:
+        """Evict the served generation when its cached file no longer is the
+        verified one: missing or of another size (cheap, every TTL check), or
+        (``full``, on a forced refresh) of another sha256."""
+        snap = state.snapshot
+        if snap is None:
+            return
+        try:
+            size = os.path.getsize(snap.path)
+            damaged = size != int(snap.pointer.get("bytes", size))
+            if not damaged and full:
+                damaged = file_sha256(snap.path) != snap.pointer["sha256"]
+            what = "its sha256 or size no longer matches the pointer"
+        except OSError as exc:
+            damaged, what = True, f"its cached file is unreadable ({type(exc).__name__})"
+        if damaged:
+            state.last_eviction = (f"generation {snap.generation} evicted at {canonical(now_utc())}: {what}; "
+                                   "fetching and verifying it again")
+            state.snapshot, state.etag, state.refused_etag = None, None, None
+            self._discard(snap)
 
     def _load(self, org_id: str, pointer: dict) -> Snapshot:
         generation = int(pointer["generation"])
@@ -161,13 +247,21 @@ class SnapshotReader:
             if actual != pointer["sha256"]:
                 raise SnapshotRejected(
                     f"generation {generation} refused: its sha256 {actual[:12]}… does not match the "
-                    f"recorded {pointer['sha256'][:12]}…; still serving the previous generation")
+                    f"recorded {pointer['sha256'][:12]}…")
             os.replace(tmp, final)
+        except ObjectNotFound:
+            raise SnapshotRejected(f"generation {generation} refused: its file "
+                                   f"{pointer['snapshot_key']} is missing from the store") from None
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-        db = open_readonly(final, self.on_open)
-        meta = dict(db.execute("SELECT key, value FROM meta"))
+        try:
+            db = open_readonly(final, self.on_open)
+            meta = dict(db.execute("SELECT key, value FROM meta"))
+        except DAMAGE_ERRORS as exc:
+            os.unlink(final)
+            raise SnapshotRejected(f"generation {generation} refused: SQLite reports {type(exc).__name__} "
+                                   "on opening it") from None
         if int(meta.get("schema_version", 0)) != SCHEMA_VERSION:
             db.close()
             os.unlink(final)
@@ -192,7 +286,14 @@ class SnapshotReader:
         return {"generation": snap.generation if snap else 0,
                 "generation_age_seconds": round(snap.age_seconds(), 3) if snap else None,
                 "claim_count": snap.claim_count if snap else 0,
-                "last_refresh_error": state.last_error}
+                "last_refresh_error": state.last_error,
+                "last_eviction": state.last_eviction,
+                "unavailable": state.unavailable_reason()}
+
+    def needs_repair(self, org_id: str) -> str | None:
+        """Why the published generation was refused here, if it was: a
+        rebuild should then build from the ledger rather than on it."""
+        return self._state(org_id).refusal
 
     def loaded(self) -> list[str]:
         with self._lock:

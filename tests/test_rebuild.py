@@ -5,6 +5,8 @@ import threading
 
 import pytest
 
+from core.errors import Unavailable
+
 from core.ids import uuid7_hex
 from core.instants import canonical, from_ms
 from core.ledger import Ledger, encode, entry_key
@@ -188,7 +190,8 @@ def test_a_reader_refuses_a_generation_of_another_schema_version(store, tmp_path
     _builder(store, tmp_path).rebuild()
     monkeypatch.setattr(core.snapshot, "SCHEMA_VERSION", 99)
     reader = SnapshotReader(store, str(tmp_path / "cache"), ttl_seconds=0)
-    assert reader.current("acme") is None
+    with pytest.raises(Unavailable, match="schema version"):  # never an empty answer
+        reader.current("acme")
     assert "schema version" in reader.status("acme")["last_refresh_error"]
 
 
