@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -78,15 +79,25 @@ async def read_body(request: Request) -> dict:
 Handler = Callable[[Request, Principal | None, dict | None], Awaitable[tuple[int, dict, dict]] | tuple]
 
 
-def endpoint(service: Service, *, auth: bool = True, body: bool = False):
+def endpoint(service: Service, *, auth: bool = True, body: bool = False, inline: bool = False):
+    """Wrap a synchronous route function. Its work (key lookups, SQLite,
+    fsync, store calls, rebuilds) runs on Starlette's thread pool, never on
+    the event loop, so ``/healthz`` answers while a rebuild runs
+    (docs/architecture.md, "HTTP and errors"); ``inline`` is only for work
+    that never blocks (``/healthz`` itself, so a full pool cannot delay it)."""
     def wrap(fn):
         async def run(request: Request) -> Response:
             request_id = new_id("req")
             principal = None
             try:
-                principal = service.keys.authenticate(request.headers.get("authorization")) if auth else None
+                if auth:
+                    principal = await run_in_threadpool(service.keys.authenticate,
+                                                        request.headers.get("authorization"))
                 payload = await read_body(request) if body else None
-                status, data, meta = fn(request, principal, payload)
+                if inline:
+                    status, data, meta = fn(request, principal, payload)
+                else:
+                    status, data, meta = await run_in_threadpool(fn, request, principal, payload)
                 return json_response(status, success_body(data, {"request_id": request_id, **meta}), request_id)
             except TitenError as exc:
                 return error_response(exc, request_id)
@@ -105,7 +116,7 @@ def endpoint(service: Service, *, auth: bool = True, body: bool = False):
 
 
 def create_app(service: Service) -> Starlette:
-    @endpoint(service, auth=False)
+    @endpoint(service, auth=False, inline=True)
     def healthz(request, principal, body):
         return 200, {"status": "ok"}, {}
 
