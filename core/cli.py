@@ -45,8 +45,10 @@ def cmd_serve(args) -> int:
             print(f"serving {org_id} generation {snapshot.generation} ({snapshot.claim_count} claims)",
                   file=sys.stderr)
     print(f"titen listening on http://{args.host}:{args.port} (store {service.store.url})", file=sys.stderr)
+    from core.edge import SERVER_SETTINGS, EnvelopeHttpToolsProtocol
+
     uvicorn.run(create_app(service), host=args.host, port=args.port, log_level=args.log_level,
-                access_log=args.log_level == "debug")
+                access_log=args.log_level == "debug", http=EnvelopeHttpToolsProtocol, **SERVER_SETTINGS)
     return 0
 
 

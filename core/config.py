@@ -10,6 +10,7 @@
 | TITEN_EMBEDDER | unset | vector capability; unset means disabled (see core.embedding) |
 | TITEN_EMBED_TIMEOUT_MS | 2000 | how long compile waits for the task's embedding before going lexical |
 | TITEN_REBUILD_FUNCTION | unset | on Lambda: the rebuild function POST /v1/admin/rebuild invokes |
+| TITEN_BODY_TIMEOUT | 10 | seconds for a request body to arrive before a 408 |
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class Settings:
     rebuild_function: str | None = None
     embed_timeout_ms: int = 2000
     rebuild_keep_bytes: int = 1 << 30
+    body_timeout: float = 10.0
 
     @classmethod
     def from_env(cls, *, data_dir: str | None = None, store_url: str | None = None,
@@ -51,4 +53,5 @@ class Settings:
                    embedder=env.get("TITEN_EMBEDDER") or None,
                    rebuild_function=env.get("TITEN_REBUILD_FUNCTION") or None,
                    embed_timeout_ms=int(env.get("TITEN_EMBED_TIMEOUT_MS") or 2000),
-                   rebuild_keep_bytes=int(env.get("TITEN_REBUILD_KEEP_BYTES") or 1 << 30))
+                   rebuild_keep_bytes=int(env.get("TITEN_REBUILD_KEEP_BYTES") or 1 << 30),
+                   body_timeout=float(env.get("TITEN_BODY_TIMEOUT") or 10))

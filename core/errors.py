@@ -41,6 +41,11 @@ class Conflict(TitenError):
     code, status = "CONFLICT", 409
 
 
+class RequestTimeout(TitenError):
+    """The request body did not arrive within the body read timeout."""
+    code, status = "REQUEST_TIMEOUT", 408
+
+
 class PayloadTooLarge(TitenError):
     code, status = "PAYLOAD_TOO_LARGE", 413
 
@@ -51,3 +56,12 @@ class Unavailable(TitenError):
 
 class Internal(TitenError):
     code, status = "INTERNAL", 500
+
+
+ECHO_LIMIT = 64  # longer than any id the service mints (prefix + 32 hex)
+
+
+def echo(value: str) -> str:
+    """A caller's value as an error message may quote it: at most
+    ``ECHO_LIMIT`` characters, cut with an ellipsis."""
+    return value if len(value) <= ECHO_LIMIT else value[:ECHO_LIMIT] + "…"

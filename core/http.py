@@ -14,14 +14,16 @@ import logging
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
+import anyio
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from core.errors import Internal, MethodNotAllowed, NotFound, PayloadTooLarge, TitenError, Unavailable
+from core.errors import (Internal, MethodNotAllowed, NotFound, PayloadTooLarge, RequestTimeout, TitenError,
+                         Unavailable, ValidationError, echo)
 from core.idempotency import HEADER as IDEMPOTENCY_HEADER, parse_key as parse_idempotency_key
 from core.ids import new_id
 from core.keys import Principal
@@ -63,16 +65,27 @@ def error_response(exc: TitenError, request_id: str) -> Response:
                                  "meta": {"request_id": request_id}}, request_id)
 
 
-async def read_body(request: Request) -> dict:
+async def read_body(request: Request, timeout: float = 10.0) -> dict:
+    """The JSON body, within the edge rules (docs/api.md §4): at most 1 MiB,
+    never ``Content-Length`` with ``Transfer-Encoding``, and all of it within
+    ``timeout`` seconds (``TITEN_BODY_TIMEOUT``, else 408)."""
     length = request.headers.get("content-length")
-    if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
+    if length is not None and "transfer-encoding" in request.headers:
+        raise ValidationError("Content-Length together with Transfer-Encoding is refused")
+    if length is not None and not length.isdigit():
+        raise ValidationError("Content-Length must be a decimal number of bytes")
+    if length and int(length) > MAX_BODY_BYTES:
         raise PayloadTooLarge(f"request body is {length} bytes; the limit is {MAX_BODY_BYTES} (1 MiB)")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise PayloadTooLarge(f"request body exceeds the limit of {MAX_BODY_BYTES} bytes (1 MiB)")
-        chunks.append(chunk)
+    try:
+        with anyio.fail_after(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise PayloadTooLarge(f"request body exceeds the limit of {MAX_BODY_BYTES} bytes (1 MiB)")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(f"the request body did not arrive within {timeout:g} s") from None
     return parse_json_body(b"".join(chunks))
 
 
@@ -89,18 +102,29 @@ def endpoint(service: Service, *, auth: bool = True, body: bool = False, inline:
         async def run(request: Request) -> Response:
             request_id = new_id("req")
             principal = None
+            for name, value in request.path_params.items():
+                # no id is longer: cut before anything can look it up or echo it
+                request.path_params[name] = echo(value)
             try:
                 if auth:
                     principal = await run_in_threadpool(service.keys.authenticate,
                                                         request.headers.get("authorization"))
-                payload = await read_body(request) if body else None
+                payload = await read_body(request, service.settings.body_timeout) if body else None
                 if inline:
                     status, data, meta = fn(request, principal, payload)
                 else:
                     status, data, meta = await run_in_threadpool(fn, request, principal, payload)
                 return json_response(status, success_body(data, {"request_id": request_id, **meta}), request_id)
+            except RequestTimeout as exc:
+                response = error_response(exc, request_id)
+                response.headers["connection"] = "close"  # the rest of the body is never read
+                return response
             except TitenError as exc:
                 return error_response(exc, request_id)
+            except ClientDisconnect:  # nobody to answer: one line, no traceback
+                log.warning("client disconnected before sending the whole body [%s %s %s]",
+                            request_id, request.method, echo(request.url.path))
+                return error_response(ValidationError("client disconnected"), request_id)
             except DAMAGE_ERRORS as exc:  # a damaged snapshot file: evicted, never served
                 if principal is None:
                     raise
@@ -209,10 +233,10 @@ def create_app(service: Service) -> Starlette:
     async def http_error(request: Request, exc: HTTPException) -> Response:
         request_id = new_id("req")
         if exc.status_code == 405:
-            return error_response(MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}"),
-                                  request_id)
+            return error_response(MethodNotAllowed(f"{echo(request.method)} is not allowed on "
+                                                   f"{echo(request.url.path)}"), request_id)
         if exc.status_code == 404:
-            return error_response(NotFound(f"no route {request.url.path}"), request_id)
+            return error_response(NotFound(f"no route {echo(request.url.path)}"), request_id)
         err = TitenError(exc.detail or "error")
         err.status, err.code = exc.status_code, "VALIDATION_ERROR" if exc.status_code < 500 else "INTERNAL"
         return error_response(err, request_id)
