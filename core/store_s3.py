@@ -29,6 +29,16 @@ retried by botocore's "standard" retry mode with ``max_attempts=5`` (which
 botocore reads as 5 retries after the first try, with exponential backoff);
 nothing here retries them again, so a caller never waits unboundedly.
 
+A retried conditional write can find its own earlier attempt: S3 applied it
+but the answer was lost (a 5xx or a dropped connection after the write). So
+when a write that was retried (by botocore, or after a 409 here) loses its
+condition, the object now stored is read back: the very bytes we sent mean
+the write is ours and succeeded (``_ours``); anything else is a real
+``PreconditionFailed``. A first attempt that loses is never read back, so
+the contract (a second identical put-if-absent fails) is unchanged. Every
+body written under a condition is unique to its writer (ids, generations),
+so equal bytes cannot be someone else's write.
+
 Keys are validated with the same rules as the local store, so a key accepted
 here is accepted everywhere.
 """
@@ -65,6 +75,10 @@ def _error_code(e: ClientError) -> str:
 
 def _status(e: ClientError) -> int | None:
     return e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+
+
+def _retry_attempts(e: ClientError) -> int:
+    return int(e.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) or 0)
 
 
 def _is_not_found(e: ClientError) -> bool:
@@ -243,7 +257,11 @@ class S3Store(Store):
             try:
                 return self.client.put_object(Body=body, **kwargs)["ETag"]
             except ClientError as e:
+                retried = attempt > 0 or _retry_attempts(e) > 0
                 if _is_precondition_failed(e):
+                    ours = self._ours(key, body) if retried else None
+                    if ours is not None:
+                        return ours
                     raise PreconditionFailed(
                         f"{key} already exists" if if_match is None else f"{key} changed") from None
                 if if_match is not None and _is_not_found(e):
@@ -253,12 +271,43 @@ class S3Store(Store):
             except BotoCoreError as e:
                 raise self._fail(e, "PutObject", key) from None
             # 409: a concurrent conditional write was in flight. Re-check.
-            self._recheck(key, if_match)
+            try:
+                self._recheck(key, if_match)
+            except PreconditionFailed:
+                ours = self._ours(key, body) if retried else None
+                if ours is not None:
+                    return ours
+                raise
             if attempt + 1 < _CONFLICT_ATTEMPTS:
                 time.sleep(_CONFLICT_BACKOFF * (2 ** attempt) * (0.5 + random.random()))
         raise StoreError(
             f"S3 PutObject s3://{self.bucket}/{full} failed: ConditionalRequestConflict "
             f"persisted after {_CONFLICT_ATTEMPTS} attempts")
+
+    def _ours(self, key: str, body: bytes | BinaryIO) -> str | None:
+        """The stored object's ETag when it holds exactly ``body`` (our own
+        earlier attempt landed), else None."""
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=self._full(key))
+        except ClientError as e:
+            if _is_not_found(e):
+                return None
+            raise self._fail(e, "GetObject", key) from None
+        except BotoCoreError as e:
+            raise self._fail(e, "GetObject", key) from None
+        stream = resp["Body"]
+        try:
+            if isinstance(body, (bytes, bytearray)):
+                same = stream.read() == bytes(body)
+            else:
+                body.seek(0)
+                same = all(body.read(len(chunk)) == chunk for chunk in stream.iter_chunks(_CHUNK))
+                same = same and body.read(1) == b""
+        except (ClientError, BotoCoreError) as e:
+            raise self._fail(e, "GetObject (body)", key) from None
+        finally:
+            stream.close()
+        return resp["ETag"] if same else None
 
     def _recheck(self, key: str, if_match: str | None) -> None:
         """After a 409: raise ``PreconditionFailed`` if the condition can no
