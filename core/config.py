@@ -7,6 +7,8 @@
 | TITEN_SNAPSHOT_TTL | 5 | seconds between checks for a new generation |
 | TITEN_SKEW_SECONDS | 600 | how far behind its watermark a rebuild re-reads the ledger |
 | TITEN_MAX_ORGS | 16 | snapshots held at once (least recently used evicted) |
+| TITEN_CACHE_BYTES | 75% of TITEN_EPHEMERAL_MB, else of the cache volume | disk budget of the snapshot cache (evicted by bytes) |
+| TITEN_EPHEMERAL_MB | unset | the function's ephemeral storage (/tmp) size; the template sets it |
 | TITEN_EMBEDDER | unset | vector capability; unset means disabled (see core.embedding) |
 | TITEN_EMBED_TIMEOUT_MS | 2000 | how long compile waits for the task's embedding before going lexical |
 | TITEN_REBUILD_FUNCTION | unset | on Lambda: the rebuild function POST /v1/admin/rebuild invokes |
@@ -31,6 +33,7 @@ class Settings:
     embed_timeout_ms: int = 2000
     rebuild_keep_bytes: int = 1 << 30
     body_timeout: float = 10.0
+    cache_bytes: int | None = None  # None: 75% of the cache volume (core.snapshot)
 
     @classmethod
     def from_env(cls, *, data_dir: str | None = None, store_url: str | None = None,
@@ -54,4 +57,19 @@ class Settings:
                    rebuild_function=env.get("TITEN_REBUILD_FUNCTION") or None,
                    embed_timeout_ms=int(env.get("TITEN_EMBED_TIMEOUT_MS") or 2000),
                    rebuild_keep_bytes=int(env.get("TITEN_REBUILD_KEEP_BYTES") or 1 << 30),
-                   body_timeout=float(env.get("TITEN_BODY_TIMEOUT") or 10))
+                   body_timeout=float(env.get("TITEN_BODY_TIMEOUT") or 10),
+                   cache_bytes=cache_budget(env))
+
+
+def cache_bytes_from_ephemeral(megabytes: int) -> int:
+    """The snapshot cache's share of /tmp: 75%, leaving room for everything
+    else a function writes there."""
+    return int(megabytes * 1024 * 1024 * 0.75)
+
+
+def cache_budget(env) -> int | None:
+    if env.get("TITEN_CACHE_BYTES"):
+        return int(env["TITEN_CACHE_BYTES"])
+    if env.get("TITEN_EPHEMERAL_MB"):
+        return cache_bytes_from_ephemeral(int(env["TITEN_EPHEMERAL_MB"]))
+    return None

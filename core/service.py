@@ -55,7 +55,7 @@ class Service:
                     logging.getLogger("titen").exception("loading sqlite-vec failed")
         self.vector_state = "used" if self.vectors is not None else "disabled"
         self.reader = SnapshotReader(self.store, settings.cache_dir, settings.snapshot_ttl, settings.max_orgs,
-                                     on_open=on_open)
+                                     on_open=on_open, max_bytes=settings.cache_bytes)
         self.auto_rebuild = auto_rebuild
         on_write = self._schedule_rebuild if auto_rebuild else None
         self.writes = Writes(self.store, self.reader, on_write)

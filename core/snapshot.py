@@ -106,7 +106,7 @@ def open_readonly(path: str, on_open=None) -> apsw.Connection:
 
 class SnapshotReader:
     def __init__(self, store: Store, cache_dir: str, ttl_seconds: float = 5.0,
-                 max_organizations: int = 16, on_open=None):
+                 max_organizations: int = 16, on_open=None, max_bytes: int | None = None):
         self.store = store
         self.on_open = on_open
         self.cache_dir = cache_dir
@@ -115,6 +115,9 @@ class SnapshotReader:
         self._orgs: OrderedDict[str, _OrgState] = OrderedDict()
         self._lock = threading.Lock()
         os.makedirs(cache_dir, exist_ok=True)
+        # the disk budget of the cache, downloads in flight included
+        # (docs/architecture.md, "The snapshot cache is bounded by bytes")
+        self.max_bytes = max_bytes if max_bytes is not None else default_cache_bytes(cache_dir)
         # Copies left by an earlier process are never reused (a generation is
         # fetched and verified afresh); unlinking one another process still
         # has open is safe, its open handle keeps the data.
@@ -205,7 +208,7 @@ class SnapshotReader:
                           else "no generation is being served; compile answers 503 until a rebuild "
                                "publishes a verified one")
                 state.last_error, state.refused_etag = f"{exc}; {served}", obj.etag
-                state.refusal = str(exc)
+                state.refusal = None if isinstance(exc, SnapshotTooLarge) else str(exc)
                 return state.snapshot
             except Exception as exc:
                 state.last_error = f"loading the new generation failed: {type(exc).__name__}"
@@ -237,8 +240,51 @@ class SnapshotReader:
             state.snapshot, state.etag, state.refused_etag = None, None, None
             self._discard(snap)
 
+    def cached_bytes(self) -> int:
+        """Bytes of the generations held (their pointers' sizes)."""
+        with self._lock:
+            states = list(self._orgs.values())
+        return sum(int(st.snapshot.pointer.get("bytes", 0)) for st in states if st.snapshot is not None)
+
+    def _make_room(self, org_id: str, state: _OrgState, generation: int, needed: int) -> None:
+        """Evict least recently used organizations' generations until
+        ``needed`` more bytes fit in the budget; as a last resort this
+        organization's own older generation (the new one replaces it).
+        Called with ``state.lock`` held."""
+        if needed > self.max_bytes:
+            raise SnapshotTooLarge(
+                f"generation {generation} needs {needed} bytes, more than this "
+                f"instance's snapshot cache budget of {self.max_bytes} bytes (TITEN_CACHE_BYTES, derived "
+                "from the ephemeral storage size); it cannot be served here")
+        while self.cached_bytes() + needed > self.max_bytes:
+            with self._lock:
+                victims = [(o, st) for o, st in self._orgs.items() if o != org_id and st.snapshot is not None]
+            evicted = False
+            for other, st in victims:  # least recently used first
+                if not st.lock.acquire(blocking=False):
+                    continue  # loading right now: try the next one
+                try:
+                    old, st.snapshot, st.etag = st.snapshot, None, None
+                    st.checked_at = float("-inf")
+                finally:
+                    st.lock.release()
+                with self._lock:
+                    if self._orgs.get(other) is st:
+                        del self._orgs[other]
+                if old is not None:
+                    self._discard(old)
+                evicted = True
+                break
+            if not evicted:
+                if state.snapshot is not None:
+                    old, state.snapshot = state.snapshot, None
+                    self._discard(old)
+                    continue
+                return  # only files still being read by other requests are left
+
     def _load(self, org_id: str, pointer: dict) -> Snapshot:
         generation = int(pointer["generation"])
+        self._make_room(org_id, self._state(org_id), generation, int(pointer.get("bytes", 0)))
         final = os.path.join(self.cache_dir, f"{org_id}-{generation:012d}-{secrets.token_hex(4)}.sqlite")
         tmp = final + ".part"
         try:
@@ -302,3 +348,16 @@ class SnapshotReader:
 
 class SnapshotRejected(Exception):
     """A fetched generation failed verification and was not served."""
+
+
+class SnapshotTooLarge(SnapshotRejected):
+    """A generation larger than the whole cache budget: not damaged, just
+    not servable by this instance (no rebuild repairs it)."""
+
+
+def default_cache_bytes(cache_dir: str) -> int:
+    """75% of the volume the cache lives on (on Lambda: /tmp, the function's
+    ephemeral storage), when ``TITEN_CACHE_BYTES`` is not set."""
+    import shutil
+    return int(shutil.disk_usage(cache_dir).total * 0.75)
+

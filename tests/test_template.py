@@ -116,6 +116,12 @@ def test_environment_points_both_functions_at_the_bucket(template):
     assert function(template, "ApiFunction")["EphemeralStorage"] == {"Size": {"Ref": "EphemeralStorageSize"}}
 
 
+def test_the_snapshot_cache_budget_is_derived_from_the_ephemeral_storage_size(template):
+    env = template["Globals"]["Function"]["Environment"]["Variables"]
+    assert env["TITEN_EPHEMERAL_MB"] == {"Ref": "EphemeralStorageSize"}
+    assert Settings.from_env(env={"TITEN_EPHEMERAL_MB": "2048"}).cache_bytes == int(2048 * 2**20 * 0.75)
+
+
 # -- bucket ------------------------------------------------------------------------
 
 def test_bucket_is_encrypted_with_sse_s3(template):
