@@ -64,11 +64,11 @@ class Client:
 
 
 def soak(seconds: float, concurrency: int, claims: int, write_ratio: float, rebuild_every: float,
-         data_dir: str) -> dict:
+         data_dir: str, log_path: str | None = None) -> dict:
     tasks = [t["task"] if isinstance(t, dict) else t for t in corpus.load_workload()["tasks"]]
     key = admin_key(data_dir)
     load_claims(data_dir, claims)
-    with Served(data_dir) as served:
+    with Served(data_dir, log_path=log_path) as served:
         lock = threading.Lock()
         samples = {"compile": [], "write": [], "rebuild": []}
         errors: list[str] = []
@@ -105,9 +105,9 @@ def soak(seconds: float, concurrency: int, claims: int, write_ratio: float, rebu
                         acked[body["data"]["claim_id"]] = statement
 
         def rebuilder() -> None:
-            client = Client(served, key)
             while time.monotonic() + rebuild_every < stop:
                 time.sleep(rebuild_every)
+                client = Client(served, key)  # fresh: the server closes idle keep-alives after 5 s
                 t0 = time.perf_counter()
                 try:
                     status, body = client.call("POST", "/v1/admin/rebuild")
@@ -164,9 +164,11 @@ def main(argv=None) -> int:
     parser.add_argument("--claims", type=int, default=5000)
     parser.add_argument("--write-ratio", type=float, default=0.2)
     parser.add_argument("--rebuild-every", type=float, default=10)
+    parser.add_argument("--server-log", help="keep the server's log here (default: discarded with the store)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="titen-soak-") as data_dir:
-        r = soak(args.seconds, args.concurrency, args.claims, args.write_ratio, args.rebuild_every, data_dir)
+        r = soak(args.seconds, args.concurrency, args.claims, args.write_ratio, args.rebuild_every, data_dir,
+                 args.server_log)
     print(f"soak: {r['seconds']:.0f} s, concurrency {r['concurrency']}, {r['claims']} claims imported, "
           f"write ratio {args.write_ratio}, admin rebuild every {args.rebuild_every:g} s")
     for kind in ("compile", "write", "rebuild"):

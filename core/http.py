@@ -92,13 +92,22 @@ async def read_body(request: Request, timeout: float = 10.0) -> dict:
 Handler = Callable[[Request, Principal | None, dict | None], Awaitable[tuple[int, dict, dict]] | tuple]
 
 
-def endpoint(service: Service, *, auth: bool = True, body: bool = False, inline: bool = False):
+def endpoint(service: Service, *, auth: bool = True, body: bool = False, inline: bool = False,
+             serial: bool = False):
     """Wrap a synchronous route function. Its work (key lookups, SQLite,
     fsync, store calls, rebuilds) runs on Starlette's thread pool, never on
     the event loop, so ``/healthz`` answers while a rebuild runs
     (docs/architecture.md, "HTTP and errors"); ``inline`` is only for work
-    that never blocks (``/healthz`` itself, so a full pool cannot delay it)."""
+    that never blocks (``/healthz`` itself, so a full pool cannot delay it).
+    ``serial`` routes read the organization's snapshot: they hold its
+    serving lock (``SnapshotReader.serving_lock``) while they run."""
     def wrap(fn):
+        def call(request, principal, payload):
+            if not serial:
+                return fn(request, principal, payload)
+            with service.reader.serving_lock(principal.org_id):
+                return fn(request, principal, payload)
+
         async def run(request: Request) -> Response:
             request_id = new_id("req")
             principal = None
@@ -113,7 +122,7 @@ def endpoint(service: Service, *, auth: bool = True, body: bool = False, inline:
                 if inline:
                     status, data, meta = fn(request, principal, payload)
                 else:
-                    status, data, meta = await run_in_threadpool(fn, request, principal, payload)
+                    status, data, meta = await run_in_threadpool(call, request, principal, payload)
                 return json_response(status, success_body(data, {"request_id": request_id, **meta}), request_id)
             except RequestTimeout as exc:
                 response = error_response(exc, request_id)
@@ -180,7 +189,7 @@ def create_app(service: Service) -> Starlette:
                                                   else {"idempotent_replay": outcome.replay})
         return run
 
-    @endpoint(service)
+    @endpoint(service, serial=True)
     def evidence(request, principal, body):
         principal.require("context:compile")
         claim_id = request.path_params["claim_id"]
@@ -202,7 +211,7 @@ def create_app(service: Service) -> Starlette:
         evidence_list = [{**observed[o], "relation": relation} for o, relation in sources if o in observed]
         return 200, {"claim": claim, "evidence": evidence_list}, {"generation": snapshot.generation}
 
-    @endpoint(service, body=True)
+    @endpoint(service, body=True, serial=True)
     def compile_context(request, principal, body):
         outcome = service.compiler.compile(principal, body)
         return 200, Serialized(outcome.data_json), outcome.meta

@@ -385,15 +385,27 @@ class _State:
 
 
 # Snapshot connections are immutable (opened ?immutable=1), so what a
-# connection's lex tables look like is decided once per connection.
+# connection's lex tables look like is decided once per connection. A state
+# holds the connection's FTS5 tokenizer, which holds the connection, so the
+# weak key alone would never let go: the reader calls ``forget`` when it
+# retires a generation, and a retired connection is never cached again.
 _STATES: "weakref.WeakKeyDictionary[apsw.Connection, _State]" = weakref.WeakKeyDictionary()
+_RETIRED: "weakref.WeakSet[apsw.Connection]" = weakref.WeakSet()
 
 
 def _state(db: apsw.Connection) -> _State:
     state = _STATES.get(db)
     if state is None:
-        state = _STATES[db] = _State(db)
+        state = _State(db)
+        if db not in _RETIRED:
+            _STATES[db] = state
     return state
+
+
+def forget(db: apsw.Connection) -> None:
+    """Drop what is cached for a retired snapshot connection, so it can be freed."""
+    _RETIRED.add(db)
+    _STATES.pop(db, None)
 
 
 class _Scope:

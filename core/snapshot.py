@@ -113,6 +113,7 @@ class SnapshotReader:
         self.ttl = ttl_seconds
         self.max_organizations = max_organizations
         self._orgs: OrderedDict[str, _OrgState] = OrderedDict()
+        self._serving: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
         os.makedirs(cache_dir, exist_ok=True)
         # the disk budget of the cache, downloads in flight included
@@ -240,6 +241,18 @@ class SnapshotReader:
             state.snapshot, state.etag, state.refused_etag = None, None, None
             self._discard(snap)
 
+    def serving_lock(self, org_id: str) -> threading.Lock:
+        """Held by a request for as long as it reads this organization's
+        snapshot: an apsw connection may not run in two threads at once
+        (ThreadingViolationError), and compile's per-generation caches
+        assume one reader at a time. Other organizations, writes, rebuilds
+        and ``/healthz`` run beside it (docs/architecture.md, "Liveness")."""
+        with self._lock:
+            lock = self._serving.get(org_id)
+            if lock is None:
+                lock = self._serving[org_id] = threading.Lock()
+            return lock
+
     def cached_bytes(self) -> int:
         """Bytes of the generations held (their pointers' sizes)."""
         with self._lock:
@@ -320,7 +333,10 @@ class SnapshotReader:
     @staticmethod
     def _discard(snapshot: Snapshot) -> None:
         # Requests still holding the old connection finish on it: the file is
-        # unlinked, not truncated, and the connection closes when released.
+        # unlinked, not truncated, and the connection closes when released
+        # (nothing cached may keep it: see core.lexical.forget).
+        from core.lexical import forget
+        forget(snapshot.db)
         try:
             os.unlink(snapshot.path)
         except FileNotFoundError:

@@ -25,3 +25,46 @@ def test_healthz_answers_while_an_admin_rebuild_of_5000_claims_runs(tmp_path):
     assert result["failures"] == 0
     assert percentile(samples, 99) < 0.5, sorted(samples)[-5:]
     assert max(samples) < 1.0
+
+
+def test_concurrent_compiles_and_writes_on_one_organization_never_fail(tmp_path):
+    """Off the event loop, requests run in threads: one organization's snapshot
+    connection is used by one at a time (apsw raises ThreadingViolationError
+    otherwise; found by bench/soak.py)."""
+    import json
+    import threading
+
+    from bench.liveness import admin_key, load_claims
+    from bench.served import Served
+
+    data_dir = str(tmp_path / "titen")
+    key = admin_key(data_dir)
+    load_claims(data_dir, 300)
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    statuses = []
+    with Served(data_dir) as served:
+        def client(n):
+            conn = served.connection()
+            for i in range(15):
+                if i % 3 == 0:
+                    body = {"subject_id": "user_bench", "kind": "tool_result", "content": f"w{n}-{i}",
+                            "source": {"type": "tool", "ref": "t"}, "visibility": "organization",
+                            "claim": {"statement": f"writer {n} fact {i}", "kind": "semantic_fact",
+                                      "confidence": 0.8}}
+                    conn.request("POST", "/v1/observations", json.dumps(body), headers)
+                else:
+                    conn.request("POST", "/v1/context/compile", json.dumps(
+                        {"subject_id": "user_bench", "task": "release train deploy", "max_tokens": 1200}), headers)
+                resp = conn.getresponse()
+                resp.read()
+                statuses.append(resp.status)
+
+        threads = [threading.Thread(target=client, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        log = served.log()
+    assert len(statuses) == 8 * 15
+    assert set(statuses) <= {200, 201}, sorted(set(statuses))
+    assert "ThreadingViolationError" not in log and "Traceback" not in log
