@@ -162,6 +162,12 @@ class Compiler:
     def compile(self, principal: Principal, body: dict) -> CompileOutcome:
         principal.require("context:compile")
         req = CompileRequest.parse(body)
+        # one reader of this organization's snapshot at a time, whoever calls
+        # (HTTP, MCP, CLI): see SnapshotReader.serving_lock
+        with self.reader.serving_lock(principal.org_id):
+            return self._compile(principal, req)
+
+    def _compile(self, principal: Principal, req: CompileRequest) -> CompileOutcome:
         t = time.perf_counter()
         timings = {}
 

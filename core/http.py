@@ -211,7 +211,7 @@ def create_app(service: Service) -> Starlette:
         evidence_list = [{**observed[o], "relation": relation} for o, relation in sources if o in observed]
         return 200, {"claim": claim, "evidence": evidence_list}, {"generation": snapshot.generation}
 
-    @endpoint(service, body=True, serial=True)
+    @endpoint(service, body=True)  # Compiler.compile holds the serving lock itself
     def compile_context(request, principal, body):
         outcome = service.compiler.compile(principal, body)
         return 200, Serialized(outcome.data_json), outcome.meta

@@ -113,7 +113,7 @@ class SnapshotReader:
         self.ttl = ttl_seconds
         self.max_organizations = max_organizations
         self._orgs: OrderedDict[str, _OrgState] = OrderedDict()
-        self._serving: dict[str, threading.Lock] = {}
+        self._serving: dict[str, threading.RLock] = {}
         self._lock = threading.Lock()
         os.makedirs(cache_dir, exist_ok=True)
         # the disk budget of the cache, downloads in flight included
@@ -241,7 +241,7 @@ class SnapshotReader:
             state.snapshot, state.etag, state.refused_etag = None, None, None
             self._discard(snap)
 
-    def serving_lock(self, org_id: str) -> threading.Lock:
+    def serving_lock(self, org_id: str) -> threading.RLock:
         """Held by a request for as long as it reads this organization's
         snapshot: an apsw connection may not run in two threads at once
         (ThreadingViolationError), and compile's per-generation caches
@@ -250,7 +250,7 @@ class SnapshotReader:
         with self._lock:
             lock = self._serving.get(org_id)
             if lock is None:
-                lock = self._serving[org_id] = threading.Lock()
+                lock = self._serving[org_id] = threading.RLock()
             return lock
 
     def cached_bytes(self) -> int:
