@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from core.bodies import COMPILE
 from core.domain import INSTRUCTIONS, POLICY_SNAPSHOT
 from core.errors import NotFound, ValidationError
 from core.ids import entry_hex, parse_id
@@ -24,7 +25,7 @@ from core.keys import Principal
 from core.ledger import RUN_SUFFIX, Ledger
 from core.packing import (CONTEXT_ID_MIN_TOKENS, CONTEXT_ID_TOKENS, BudgetTooSmall, PackCandidate, assemble, dumps, item_fields,
                            item_prefix, pack)
-from core.planning import MAX_TASK_CHARS, plan_query
+from core.planning import plan_query
 from core.ranking import ClaimSignals, RankInput, rank
 from core.retrieval import (COL, CompileScope, disputed_for, hydrate, hydrate_fields, in_scope,
                             lexical_candidates, readable_evidence)
@@ -53,14 +54,13 @@ class CompileRequest:
 
     @classmethod
     def parse(cls, body: dict) -> "CompileRequest":
-        f = Fields(body, "body", ("subject_id", "task", "max_tokens", "project_id",
-                                  "include_checkpoints", "at"))
-        subject_id = f.identifier("subject_id")
-        task = f.string("task", max_len=MAX_TASK_CHARS)
-        max_tokens = f.integer("max_tokens", lo=128, hi=32000)
-        project_id = f.identifier("project_id", required=False)
-        include_checkpoints = f.boolean("include_checkpoints")
-        at = f.instant("at") or now_utc()
+        f = Fields(body, "body", COMPILE)
+        subject_id = f.take("subject_id")
+        task = f.take("task")
+        max_tokens = f.take("max_tokens")
+        project_id = f.take("project_id")
+        include_checkpoints = f.take("include_checkpoints")
+        at = f.take("at") or now_utc()
         return cls(subject_id, task, max_tokens, project_id, include_checkpoints, canonical(at), at.timestamp())
 
 

@@ -11,14 +11,14 @@ at the next rebuild — so repeating feedback cannot inflate utility.
 from __future__ import annotations
 
 from core.compile import Compiler
-from core.domain import FEEDBACK_OUTCOMES
+from core.bodies import FEEDBACK
 from core.errors import NotFound
 from core.idempotency import Attempt
 from core.ids import parse_id
 from core.keys import Principal
 from core.ledger import RUN_SUFFIX, Ledger, entry_key
 from core.instants import canonical, from_ms
-from core.validation import IDENTIFIER, Fields
+from core.validation import Fields
 
 
 class FeedbackDesk:
@@ -30,10 +30,10 @@ class FeedbackDesk:
     def record(self, principal: Principal, context_id: str, body: dict, attempt: Attempt | None = None) -> dict:
         principal.require("context:feedback")
         attempt = attempt or Attempt()
-        f = Fields(body, "body", ("outcome", "claim_id", "reason_code"))
-        outcome = f.string("outcome", choices=FEEDBACK_OUTCOMES)
-        claim_id = f.string("claim_id", required=False, max_len=64)
-        reason_code = f.string("reason_code", required=False, max_len=64, pattern=IDENTIFIER)
+        f = Fields(body, "body", FEEDBACK)
+        outcome = f.take("outcome")
+        claim_id = f.take("claim_id")
+        reason_code = f.take("reason_code")
         run = self.compiler.context_run(principal, context_id)
         if claim_id is not None and (parse_id(claim_id, "claim") is None or
                                      claim_id not in {i["claim_id"] for i in run["items"]}):

@@ -15,6 +15,7 @@ import re
 from datetime import datetime
 from typing import Any, Iterable
 
+from core.bodies import IDENTIFIER, Record
 from core.errors import PayloadTooLarge, ValidationError
 from core.instants import RANGE_TEXT, InstantOutOfRange, parse_instant
 
@@ -25,7 +26,6 @@ MAX_DEPTH = 64
 # bidirectional controls (ALM, LRM/RLM, embeddings/overrides, isolates).
 _FORBIDDEN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
-IDENTIFIER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
 
 
 def _describe(ch: str) -> str:
@@ -111,9 +111,15 @@ def _check_strings(value: Any, path: str) -> None:
 
 
 class Fields:
-    """Typed, named access to one JSON object's fields, with clear errors."""
+    """Typed, named access to one JSON object's fields, with clear errors.
 
-    def __init__(self, obj: Any, path: str, allowed: Iterable[str]):
+    Given a ``core.bodies.Record``, ``take(name)`` reads a field through its
+    declared spec (the one the OpenAPI document and MCP schemas show)."""
+
+    def __init__(self, obj: Any, path: str, allowed: "Iterable[str] | Record"):
+        self.record = allowed if isinstance(allowed, Record) else None
+        if self.record is not None:
+            allowed = self.record.fields
         if not isinstance(obj, dict):
             raise ValidationError(f"{path} must be a JSON object")
         unknown = sorted(set(obj) - set(allowed))
@@ -121,6 +127,11 @@ class Fields:
             raise ValidationError(f"{path}: unknown field {unknown[0]!r}")
         self.obj = obj
         self.path = path
+
+    def take(self, name: str, *, required: bool | None = None):
+        """The field read by its spec; required as the record says unless overridden."""
+        spec = self.record.fields[name]
+        return spec.read(self, name, name in self.record.required if required is None else required)
 
     def _name(self, name: str) -> str:
         return name if self.path == "body" else f"{self.path}.{name}"
@@ -149,7 +160,7 @@ class Fields:
             raise ValidationError(f"{self._name(name)} must not be empty")
         if len(v) > max_len:
             raise ValidationError(f"{self._name(name)} is {len(v)} characters; at most {max_len} are allowed")
-        if pattern is not None and not pattern.match(v):
+        if pattern is not None and not pattern.fullmatch(v):
             raise ValidationError(f"{self._name(name)} is not a valid identifier: {v[:80]!r}")
         return v
 
@@ -203,7 +214,7 @@ class Fields:
                 f"{self._name(name)} must be an ISO-8601 instant with a time zone, "
                 f"e.g. 2026-07-30T12:00:00Z; got {v[:64]!r}") from None
 
-    def object(self, name: str, allowed: Iterable[str], *, required: bool = False) -> "Fields | None":
+    def object(self, name: str, allowed: "Iterable[str] | Record", *, required: bool = False) -> "Fields | None":
         v = self._get(name, required)
         if v is None:
             return None

@@ -22,8 +22,9 @@ from __future__ import annotations
 import json
 from typing import Callable
 
-from core.domain import (CLAIM_KINDS, OBSERVATION_KINDS, RELATIONS, TRUST_LEVELS, VISIBILITY_RANK,
-                         narrowest_visibility, strongest_trust)
+from core.bodies import (BATCH, CLAIM_SOURCE, CONSOLIDATED_CLAIM, CONSOLIDATION, MAX_BATCH_ITEMS, OBSERVATION,
+                         SUPERSEDE, TRANSITION)
+from core.domain import TRUST_LEVELS, VISIBILITY_RANK, narrowest_visibility, strongest_trust
 from core.errors import Conflict, Forbidden, NotFound, TitenError, ValidationError
 from core.idempotency import Attempt
 from core.ids import entry_of, parse_id, record_hex
@@ -36,12 +37,6 @@ from core.snapshot import SnapshotReader
 from core.store import ObjectNotFound, PreconditionFailed, Store
 from core.validation import Fields
 
-MAX_CONTENT = 32_768
-MAX_STATEMENT = 4_000
-MAX_BATCH_ITEMS = 100
-WRITABLE_TRUST = ("unverified", "asserted", "verified")
-SOURCE_TYPE = __import__("re").compile(r"^[a-z][a-z0-9_]{0,31}$")
-CLAIM_FIELDS = ("statement", "kind", "confidence", "valid_from", "valid_to", "observer_id")
 TRANSITION_STATUS = {"supersede": 201, "revoke": 200, "expire": 200}
 
 
@@ -65,13 +60,13 @@ def _check_workspace(principal: Principal, visibility: str, workspace_id: str | 
 
 def _claim_body(f: Fields, path: str, *, created_at: str, require_core: bool = True) -> dict:
     claim = {
-        "statement": f.string("statement", required=require_core, max_len=MAX_STATEMENT),
-        "kind": f.string("kind", required=require_core, choices=CLAIM_KINDS),
-        "confidence": f.number("confidence", required=require_core, lo=0.0, hi=1.0),
-        "observer_id": f.identifier("observer_id", required=False),
+        "statement": f.take("statement", required=require_core),
+        "kind": f.take("kind", required=require_core),
+        "confidence": f.take("confidence", required=require_core),
+        "observer_id": f.take("observer_id"),
     }
-    valid_from = f.instant("valid_from")
-    valid_to = f.instant("valid_to")
+    valid_from = f.take("valid_from")
+    valid_to = f.take("valid_to")
     if valid_from and valid_to and valid_to <= valid_from:
         raise ValidationError(f"{path}.valid_to must be later than valid_from")
     claim["valid_from"] = canonical(valid_from) if valid_from else None
@@ -127,8 +122,8 @@ class Writes:
         always means something was stored)."""
         principal.require("memory:write")
         attempt = attempt or Attempt()
-        f = Fields(body, "body", ("items",))
-        items = f.array("items", min_len=1, max_len=MAX_BATCH_ITEMS)
+        f = Fields(body, "body", BATCH)
+        items = f.take("items")
         hex_ = attempt.entry_hex
         created_at = _created_at(hex_)
         results, observations, claims = [], [], []
@@ -155,24 +150,22 @@ class Writes:
     def build_observation(principal: Principal, body: dict, observation_id: str, claim_id: str,
                           created_at: str, path: str = "body") -> tuple[dict, list[dict]]:
         """Validate one observation body into its final records (no I/O)."""
-        f = Fields(body, path, ("subject_id", "project_id", "workspace_id", "kind", "content", "source",
-                                  "trust", "visibility", "occurred_at", "claim"))
-        subject_id = f.identifier("subject_id")
-        project_id = f.identifier("project_id", required=False)
-        workspace_id = f.identifier("workspace_id", required=False)
-        kind = f.string("kind", choices=OBSERVATION_KINDS)
-        content = f.string("content", max_len=MAX_CONTENT)
-        src = f.object("source", ("type", "ref", "id"), required=True)
-        source = {"type": src.string("type", max_len=32, pattern=SOURCE_TYPE),
-                  "ref": src.string("ref", max_len=1024)}
+        f = Fields(body, path, OBSERVATION)
+        subject_id = f.take("subject_id")
+        project_id = f.take("project_id")
+        workspace_id = f.take("workspace_id")
+        kind = f.take("kind")
+        content = f.take("content")
+        src = f.take("source")
+        source = {"type": src.take("type"), "ref": src.take("ref")}
         if src.raw("id") is not None:
-            source["id"] = src.string("id", max_len=256)
-        trust = f.string("trust", required=False, choices=tuple(TRUST_LEVELS), default="asserted")
+            source["id"] = src.take("id")
+        trust = f.take("trust")
         _check_trust(principal, trust, "trust")
-        visibility = f.string("visibility", required=False, choices=tuple(VISIBILITY_RANK), default="private")
+        visibility = f.take("visibility")
         _check_workspace(principal, visibility, workspace_id, path)
-        occurred = f.instant("occurred_at")
-        claim_f = f.object("claim", CLAIM_FIELDS)
+        occurred = f.take("occurred_at")
+        claim_f = f.take("claim")
         observation = {"observation_id": observation_id, "org_id": principal.org_id,
                        "subject_id": subject_id, "project_id": project_id, "workspace_id": workspace_id,
                        "visibility": visibility, "owner_id": principal.principal_id, "kind": kind,
@@ -202,26 +195,26 @@ class Writes:
     def record_consolidation(self, principal: Principal, body: dict, attempt: Attempt | None = None) -> dict:
         principal.require("memory:write")
         attempt = attempt or Attempt()
-        f = Fields(body, "body", ("subject_id", "project_id", "claims"))
-        subject_id = f.identifier("subject_id")
-        project_id = f.identifier("project_id", required=False)
-        raw_claims = f.array("claims", min_len=1, max_len=50)
+        f = Fields(body, "body", CONSOLIDATION)
+        subject_id = f.take("subject_id")
+        project_id = f.take("project_id")
+        raw_claims = f.take("claims")
         hex_ = attempt.entry_hex
         created_at = _created_at(hex_)
         parsed = []
         for i, raw in enumerate(raw_claims):
             path = f"claims[{i}]"
-            cf = Fields(raw, path, CLAIM_FIELDS + ("trust", "visibility", "workspace_id", "sources"))
+            cf = Fields(raw, path, CONSOLIDATED_CLAIM)
             fields = _claim_body(cf, path, created_at=created_at)
-            trust = cf.string("trust", required=False, choices=tuple(TRUST_LEVELS))
+            trust = cf.take("trust")
             _check_trust(principal, trust, f"{path}.trust")
-            visibility = cf.string("visibility", required=False, choices=tuple(VISIBILITY_RANK))
-            workspace_id = cf.identifier("workspace_id", required=False)
+            visibility = cf.take("visibility")
+            workspace_id = cf.take("workspace_id")
             sources = []
-            for j, raw_source in enumerate(cf.array("sources", min_len=1, max_len=20)):
-                sf = Fields(raw_source, f"{path}.sources[{j}]", ("observation_id", "relation"))
-                observation_id = sf.string("observation_id", max_len=64)
-                relation = sf.string("relation", choices=RELATIONS)
+            for j, raw_source in enumerate(cf.take("sources")):
+                sf = Fields(raw_source, f"{path}.sources[{j}]", CLAIM_SOURCE)
+                observation_id = sf.take("observation_id")
+                relation = sf.take("relation")
                 if parse_id(observation_id, "obs") is None:
                     raise ValidationError(f"{path}.sources[{j}].observation_id is not an observation id")
                 if {"observation_id": observation_id, "relation": relation} not in sources:
@@ -291,11 +284,9 @@ class Writes:
                    attempt: Attempt | None = None) -> dict:
         principal.require("memory:write")
         attempt = attempt or Attempt()
-        allowed = ("expected_version", "reason") + (
-            CLAIM_FIELDS if action == "supersede" else ())
-        f = Fields(body, "body", allowed)
-        expected = f.integer("expected_version", lo=1, hi=1_000_000)
-        reason = f.string("reason", required=False, max_len=500)
+        f = Fields(body, "body", SUPERSEDE if action == "supersede" else TRANSITION)
+        expected = f.take("expected_version")
+        reason = f.take("reason")
         hex_ = parse_id(claim_id, "claim")
         if hex_ is None:
             raise NotFound(f"claim {claim_id} not found")
