@@ -24,15 +24,16 @@ from starlette.routing import Route
 
 from core.errors import (Internal, MethodNotAllowed, NotFound, PayloadTooLarge, RequestTimeout, TitenError,
                          Unavailable, ValidationError, echo)
+from core.evidence import claim_evidence
 from core.idempotency import HEADER as IDEMPOTENCY_HEADER, parse_key as parse_idempotency_key
 from core.ids import new_id
 from core.keys import Principal
+from core.mcp import PARSE_ERROR, SERVER_ERROR, McpServer, RpcError, message_id, rpc_error
 from core.packing import dumps
-from core.retrieval import claim_for_reader, observations_for_reader, readable_evidence
 from core.service import WRITE_ROUTES, Service
 from core.snapshot import DAMAGE_ERRORS
 from core.store import StoreError
-from core.validation import MAX_BODY_BYTES, parse_json_body
+from core.validation import MAX_BODY_BYTES, parse_json_body, parse_json_value
 
 log = logging.getLogger("titen.http")
 
@@ -66,7 +67,12 @@ def error_response(exc: TitenError, request_id: str) -> Response:
 
 
 async def read_body(request: Request, timeout: float = 10.0) -> dict:
-    """The JSON body, within the edge rules (docs/api.md §4): at most 1 MiB,
+    """The JSON body, within the edge rules of ``read_raw``."""
+    return parse_json_body(await read_raw(request, timeout))
+
+
+async def read_raw(request: Request, timeout: float = 10.0) -> bytes:
+    """The body's bytes, within the edge rules (docs/api.md §4): at most 1 MiB,
     never ``Content-Length`` with ``Transfer-Encoding``, and all of it within
     ``timeout`` seconds (``TITEN_BODY_TIMEOUT``, else 408)."""
     length = request.headers.get("content-length")
@@ -86,7 +92,7 @@ async def read_body(request: Request, timeout: float = 10.0) -> dict:
                 chunks.append(chunk)
     except TimeoutError:
         raise RequestTimeout(f"the request body did not arrive within {timeout:g} s") from None
-    return parse_json_body(b"".join(chunks))
+    return b"".join(chunks)
 
 
 Handler = Callable[[Request, Principal | None, dict | None], Awaitable[tuple[int, dict, dict]] | tuple]
@@ -148,6 +154,49 @@ def endpoint(service: Service, *, auth: bool = True, body: bool = False, inline:
     return wrap
 
 
+def mcp_endpoint(service: Service):
+    """``POST /mcp`` (core/mcp.py): one JSON-RPC message in, one JSON answer
+    out (202 for a notification); protocol and key failures are JSON-RPC
+    errors at their HTTP status, tool failures are tool results."""
+    server = McpServer(service)
+
+    async def run(request: Request) -> Response:
+        request_id = new_id("req")
+        message = None
+        try:
+            raw = await read_raw(request)
+            try:
+                message = parse_json_value(raw)
+            except ValidationError as exc:
+                raise RpcError(PARSE_ERROR, exc.message, 400) from None
+            answer = server.handle(message, lambda: service.keys.authenticate(request.headers.get("authorization")),
+                                   request_id, request.headers.get("mcp-protocol-version"))
+        except RpcError as exc:
+            return mcp_error(exc.status, rpc_error(message_id(message), exc.code, exc.message), request_id)
+        except TitenError as exc:  # the key (401) or the body's size (413)
+            return mcp_error(exc.status, rpc_error(message_id(message), SERVER_ERROR, exc.message,
+                                                   {"code": exc.code}), request_id)
+        except StoreError:
+            log.exception("store failure [%s]", request_id)
+            return mcp_error(503, rpc_error(message_id(message), SERVER_ERROR, "the store is unavailable; retry "
+                                            "shortly", {"code": "UNAVAILABLE"}), request_id)
+        except Exception:
+            log.exception("unhandled error [%s]", request_id)
+            return mcp_error(500, rpc_error(message_id(message), SERVER_ERROR, f"internal error; quote request id "
+                                            f"{request_id}", {"code": "INTERNAL"}), request_id)
+        if answer is None:
+            return Response(status_code=202, headers={"x-request-id": request_id})
+        return json_response(200, dumps(answer), request_id)
+    return run
+
+
+def mcp_error(status: int, body: dict, request_id: str) -> Response:
+    response = json_response(status, dumps(body), request_id)
+    if status == 401:
+        response.headers["www-authenticate"] = "Bearer"
+    return response
+
+
 def create_app(service: Service) -> Starlette:
     @endpoint(service, auth=False, inline=True)
     def healthz(request, principal, body):
@@ -191,25 +240,8 @@ def create_app(service: Service) -> Starlette:
 
     @endpoint(service, serial=True)
     def evidence(request, principal, body):
-        principal.require("context:compile")
-        claim_id = request.path_params["claim_id"]
-        snapshot = service.reader.current(principal.org_id)
-        row = claim_for_reader(snapshot, principal, claim_id)
-        if row is None:
-            raise NotFound(f"claim {claim_id} not found")
-        sources = readable_evidence(principal, row["evidence_json"])
-        observed = observations_for_reader(snapshot, principal, [o for o, _ in sources])
-        status = row["status"]
-        if status == "disputed" and not any(r == "contradicts" for _, r in sources):
-            status = "active"  # contradicted only by evidence this reader may not see
-        claim = {"claim_id": row["claim_id"], "claim": row["statement"], "kind": row["kind"],
-                 "confidence": row["confidence"], "trust": row["trust"], "status": status,
-                 "version": row["version"], "subject_id": row["subject_id"], "project_id": row["project_id"],
-                 "visibility": row["visibility"], "observer_id": row["observer_id"],
-                 "valid_from": row["valid_from"], "valid_to": row["valid_to"],
-                 "created_at": row["created_at"], "superseded_by": row["superseded_by"]}
-        evidence_list = [{**observed[o], "relation": relation} for o, relation in sources if o in observed]
-        return 200, {"claim": claim, "evidence": evidence_list}, {"generation": snapshot.generation}
+        data, meta = claim_evidence(service.reader, principal, request.path_params["claim_id"])
+        return 200, data, meta
 
     @endpoint(service, body=True)  # Compiler.compile holds the serving lock itself
     def compile_context(request, principal, body):
@@ -237,6 +269,7 @@ def create_app(service: Service) -> Starlette:
         Route("/v1/context/compile", compile_context, methods=["POST"]),
         Route("/v1/context/{context_id}", stored_context, methods=["GET"]),
         Route("/v1/admin/rebuild", admin_rebuild, methods=["POST"]),
+        Route("/mcp", mcp_endpoint(service), methods=["POST"]),
     ]
 
     async def http_error(request: Request, exc: HTTPException) -> Response:

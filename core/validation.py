@@ -43,6 +43,16 @@ def check_text(value: str, path: str) -> None:
 
 def parse_json_body(raw: bytes) -> dict:
     """The request body as a JSON object, or a ``TitenError`` saying why not."""
+    value = parse_json_value(raw)
+    if not isinstance(value, dict):
+        raise ValidationError("request body must be a JSON object")
+    check_strings(value, "body")
+    return value
+
+
+def parse_json_value(raw: bytes) -> Any:
+    """Any JSON value under the body rules of size, encoding and depth (the
+    text rules are ``check_strings``, applied by the caller to what it reads)."""
     if len(raw) > MAX_BODY_BYTES:
         raise PayloadTooLarge(f"request body is {len(raw)} bytes; the limit is {MAX_BODY_BYTES} (1 MiB)")
     if not raw.strip():
@@ -60,9 +70,6 @@ def parse_json_body(raw: bytes) -> dict:
         msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "invalid JSON"
         pos = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
         raise ValidationError(f"request body is not valid JSON: {msg}{pos}") from None
-    if not isinstance(value, dict):
-        raise ValidationError("request body must be a JSON object")
-    _check_strings(value, "body")
     return value
 
 
@@ -96,7 +103,8 @@ def _check_depth(text: str) -> None:
             depth -= 1
 
 
-def _check_strings(value: Any, path: str) -> None:
+def check_strings(value: Any, path: str) -> None:
+    """``check_text`` on every string and key inside ``value``."""
     stack = [(value, path)]
     while stack:
         v, p = stack.pop()
