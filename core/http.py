@@ -190,6 +190,12 @@ def mcp_endpoint(service: Service):
     return run
 
 
+async def openapi_json(request: Request) -> Response:
+    """The OpenAPI 3.1 document (core/openapi.py), no key needed; built on first use."""
+    from core.openapi import document_json
+    return Response(document_json(), media_type="application/json", headers={"cache-control": "no-cache"})
+
+
 def mcp_error(status: int, body: dict, request_id: str) -> Response:
     response = json_response(status, dumps(body), request_id)
     if status == 401:
@@ -270,6 +276,7 @@ def create_app(service: Service) -> Starlette:
         Route("/v1/context/{context_id}", stored_context, methods=["GET"]),
         Route("/v1/admin/rebuild", admin_rebuild, methods=["POST"]),
         Route("/mcp", mcp_endpoint(service), methods=["POST"]),
+        Route("/openapi.json", openapi_json, methods=["GET"]),
     ]
 
     async def http_error(request: Request, exc: HTTPException) -> Response:

@@ -198,7 +198,7 @@ class McpServer:
         if params is None:
             params = {}
         if not isinstance(params, dict):
-            raise RpcError(INVALID_PARAMS, "params must be an object")
+            raise RpcError(INVALID_PARAMS, "params must be an object", 400)
         who = principal()
         if method != "initialize" and header_version is not None and header_version not in PROTOCOL_VERSIONS:
             raise RpcError(INVALID_REQUEST, f"unsupported MCP-Protocol-Version {header_version[:40]!r}; "

@@ -87,6 +87,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _wait_for(url: str, proc: subprocess.Popen) -> None:
+    """Until the server answers /healthz (or fails with what it printed)."""
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(url + "/healthz", timeout=1)
+            return
+        except OSError:
+            if proc.poll() is not None:
+                raise AssertionError(proc.stderr.read().decode()) from None
+            time.sleep(0.05)
+    raise AssertionError(f"{url} did not start")
+
+
 @pytest.fixture
 def served(tmp_path):
     """A real ``titen serve`` on a free port over an embedded store."""
@@ -103,14 +116,7 @@ def served(tmp_path):
                              "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(url + "/healthz", timeout=1)
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    raise AssertionError(proc.stderr.read().decode())
-                time.sleep(0.05)
+        _wait_for(url, proc)
         yield url, keys
     finally:
         proc.terminate()
@@ -195,7 +201,7 @@ def test_mcp_without_a_valid_key_is_401_with_a_jsonrpc_error(api, headers, code)
     (b'{"jsonrpc": "2.0", "id": 1, "method": 5}', 400, -32600),
     (b'{"jsonrpc": "2.0", "id": 1, "method": "resources/list"}', 200, -32601),
     (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "titen_nope"}}', 200, -32602),
-    (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": [1]}', 200, -32602),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": [1]}', 400, -32602),
 ])
 def test_protocol_failures_are_jsonrpc_errors(api, raw, status, code):
     r = api.client.post("/mcp", content=raw, headers={**HEADERS, **api._headers(api.key())})
