@@ -52,6 +52,26 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def cmd_mcp(args) -> int:
+    import os
+
+    from core import mcp_stdio
+
+    api_key = args.api_key or os.environ.get("TITEN_API_KEY")
+    if args.url:
+        answer = mcp_stdio.bridged(args.url, api_key)
+    else:
+        if not api_key:
+            print("titen: titen mcp needs a key: --api-key or TITEN_API_KEY", file=sys.stderr)
+            return 2
+        service = _service(args, auto_rebuild=True)
+        org_id = service.keys.authenticate("Bearer " + api_key).org_id
+        if org_id in service.ledger.organizations():
+            service.rebuild(org_id)
+        answer = mcp_stdio.embedded(service, api_key)
+    return mcp_stdio.run(answer, sys.stdin.buffer, sys.stdout.buffer)
+
+
 def cmd_rebuild(args) -> int:
     service = _service(args)
     orgs = [args.org] if args.org else service.ledger.organizations()
@@ -135,6 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8787)
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     p.set_defaults(run=cmd_serve)
+
+    p = sub.add_parser("mcp", parents=[common], help="serve the MCP tools over stdio (embedded store, or --url)")
+    p.add_argument("--api-key", help="the key every tool call runs as (default $TITEN_API_KEY)")
+    p.add_argument("--url", help="bridge to a served titen (its base URL or .../mcp) instead of the local store")
+    p.set_defaults(run=cmd_mcp)
 
     p = sub.add_parser("rebuild", parents=[common], help="build and publish snapshots from the ledger")
     p.add_argument("--org", help="one organization (default: every organization with new entries)")

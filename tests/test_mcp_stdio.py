@@ -1,0 +1,92 @@
+"""``titen mcp``: the agent sequence over stdio with the SDK's stdio client.
+
+Embedded: ``titen mcp --data-dir D --api-key K`` answers from the local
+store. Bridged: ``titen mcp --url U`` (key from ``TITEN_API_KEY``) relays
+to a real ``titen serve``. Both pass tests/mcp_agent.py unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+from mcp import Client, StdioServerParameters
+
+from core.config import Settings
+from core.keys import KeyRing
+from core.mcp import REMEMBER_DEFAULTS
+from core.service import Service
+from mcp_agent import agent_sequence, remember_args
+from test_mcp import _post, served  # noqa: F401  (served is a fixture)
+
+TITEN = str(Path(sys.executable).with_name("titen"))
+
+
+def _params(args, tmp_path, **env):
+    return StdioServerParameters(command=TITEN, args=args,
+                                 env={"TITEN_CACHE_DIR": str(tmp_path / f"cache-{len(os.listdir(tmp_path))}"),
+                                      "TITEN_SNAPSHOT_TTL": "0", **env})
+
+
+def test_sdk_stdio_client_runs_the_agent_sequence_on_the_embedded_store(tmp_path):
+    data_dir = tmp_path / "titen"
+    service = Service(Settings.from_env(data_dir=str(data_dir), env={"TITEN_SNAPSHOT_TTL": "0"}))
+    ring = KeyRing(service.store)
+    key = ring.create("acme", "alice", ["context:compile", "context:feedback", "memory:write", "admin"], [])
+    compile_only = ring.create("acme", "bob", ["context:compile"], [])["api_key"]
+    other = service.keys.authenticate("Bearer " + ring.create("globex", "mallory", ["memory:write"], [])["api_key"])
+    foreign = service.writes.record_observation(other, {**remember_args(), **REMEMBER_DEFAULTS})["claim_id"]
+    service.rebuild("globex")
+
+    @contextlib.asynccontextmanager
+    async def connect(api_key):
+        async with Client(_params(["mcp", "--data-dir", str(data_dir), "--api-key", api_key], tmp_path)) as client:
+            yield client
+
+    async def rebuild():
+        await anyio.to_thread.run_sync(service.rebuild, "acme")
+
+    anyio.run(lambda: agent_sequence(connect, rebuild, key=key["api_key"], compile_only_key=compile_only,
+                                     foreign_claim_id=foreign))
+
+
+def test_sdk_stdio_client_runs_the_agent_sequence_bridged_to_titen_serve(served, tmp_path):
+    url, keys = served
+    foreign = _post(url, "/v1/observations", keys["other"], {**remember_args(), **REMEMBER_DEFAULTS})["data"]
+    _post(url, "/v1/admin/rebuild", keys["other"])
+
+    @contextlib.asynccontextmanager
+    async def connect(api_key):
+        async with Client(_params(["mcp", "--url", url], tmp_path, TITEN_API_KEY=api_key)) as client:
+            yield client
+
+    async def rebuild():
+        await anyio.to_thread.run_sync(_post, url, "/v1/admin/rebuild", keys["all"])
+
+    anyio.run(lambda: agent_sequence(connect, rebuild, key=keys["all"], compile_only_key=keys["compile"],
+                                     foreign_claim_id=foreign["claim_id"]))
+
+
+def test_titen_mcp_without_a_key_says_so_and_exits_2(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TITEN_API_KEY"}
+    proc = subprocess.run([TITEN, "mcp", "--data-dir", str(tmp_path / "d")], input=b"", capture_output=True,
+                          env=env, timeout=60)
+    assert proc.returncode == 2 and b"--api-key or TITEN_API_KEY" in proc.stderr
+
+
+def test_stdio_answers_a_bad_line_with_a_parse_error_and_ignores_notifications(tmp_path):
+    service = Service(Settings.from_env(data_dir=str(tmp_path / "d")))
+    key = service.keys.create("acme", "alice", ["context:compile"], [])["api_key"]
+    lines = b'{not json\n{"jsonrpc": "2.0", "method": "notifications/initialized"}\n' \
+            b'{"jsonrpc": "2.0", "id": 9, "method": "ping"}\n'
+    proc = subprocess.run([TITEN, "mcp", "--data-dir", str(tmp_path / "d"), "--api-key", key], input=lines,
+                          capture_output=True, timeout=60, env={**os.environ, "TITEN_CACHE_DIR": str(tmp_path / "c")})
+    assert proc.returncode == 0, proc.stderr
+    answers = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [a.get("id") for a in answers] == [None, 9]
+    assert answers[0]["error"]["code"] == -32700 and answers[1]["result"] == {}
