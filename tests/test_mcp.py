@@ -103,6 +103,11 @@ def _wait_for(url: str, proc: subprocess.Popen) -> None:
 @pytest.fixture
 def served(tmp_path):
     """A real ``titen serve`` on a free port over an embedded store."""
+    yield from serve(tmp_path)
+
+
+def serve(tmp_path: Path):
+    """(url, keys) of a ``titen serve`` over ``tmp_path/titen``, stopped after the yield."""
     data_dir = tmp_path / "titen"
     store = open_store(Settings.from_env(data_dir=str(data_dir)).store_url)
     ring = KeyRing(store)

@@ -1,0 +1,294 @@
+"""titen_client against a live ``titen serve``: one test per route, the error path, retries.
+
+Retries are provoked by a small relay between the client and the real
+server (``Relay``): it can answer 503 itself, or pass a request on and cut
+the connection before the answer, and it records the headers of every
+attempt, so the tests see what the client sent and what the server stored.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from core.store import open_store
+from core.config import Settings
+from test_mcp import serve
+from titen_client import Titen, TitenError, TitenUnavailable
+
+ROOT = Path(__file__).resolve().parent.parent
+OBSERVATION = {"subject_id": "user_rama", "kind": "tool_result", "content": "Production smoke returned 200.",
+               "source": {"type": "tool", "ref": "deploy_456#smoke"}, "visibility": "organization"}
+CLAIM = {"statement": "Deploy smoke checks must pass before a release is promoted.", "kind": "procedural",
+         "confidence": 0.9}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """One ``titen serve`` for this module: each test reads only what it wrote or counts a difference."""
+    tmp = tmp_path_factory.mktemp("client")
+    for url, keys in serve(tmp):
+        yield url, keys, str(tmp / "titen")
+
+
+@pytest.fixture
+def titen(served):
+    url, keys, _ = served
+    return Titen(url, keys["all"], backoff=0.01)
+
+
+def test_healthz(titen):
+    assert titen.healthz() == {"status": "ok"}
+    assert titen.last_meta["request_id"].startswith("req_")
+
+
+def test_readyz_reports_the_generation(titen):
+    before = titen.readyz()["generation"]
+    titen.observe(**OBSERVATION, claim=CLAIM)
+    assert titen.rebuild()["generation"] == before + 1
+    assert titen.readyz()["generation"] == before + 1
+
+
+def test_observe_returns_the_ids(titen):
+    written = titen.observe(**OBSERVATION, claim=CLAIM)
+    assert written["observation_id"].startswith("obs_") and written["claim_id"].startswith("claim_")
+
+
+def test_consolidate_cites_an_observation(titen):
+    obs = titen.observe(**OBSERVATION)
+    out = titen.consolidate("user_rama", [{**CLAIM, "sources": [{"observation_id": obs["observation_id"],
+                                                                 "relation": "supports"}]}])
+    assert out["model_used"] is False and len(out["claim_ids"]) == 1
+
+
+@pytest.fixture
+def subject():
+    """A subject of the test's own: the server is shared by the module."""
+    return f"user_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def claim_id(titen, subject):
+    claim_id = titen.observe(**{**OBSERVATION, "subject_id": subject}, claim=CLAIM)["claim_id"]
+    titen.rebuild()
+    return claim_id
+
+
+def test_supersede_replaces_the_claim(titen, claim_id):
+    out = titen.supersede(claim_id, 1, "Smoke and canary must pass before a release.")
+    assert out["superseded"] == claim_id and out["claim_id"] != claim_id
+
+
+def test_revoke(titen, claim_id):
+    assert titen.revoke(claim_id, 1, "wrong") == {"claim_id": claim_id, "status": "revoked", "version": 2}
+
+
+def test_expire(titen, claim_id):
+    assert titen.expire(claim_id, 1)["status"] == "expired"
+
+
+def test_evidence(titen, claim_id):
+    out = titen.evidence(claim_id)
+    assert out["claim"]["claim_id"] == claim_id and [e["relation"] for e in out["evidence"]] == ["supports"]
+    assert titen.last_meta["generation"] >= 1
+
+
+def test_compile_returns_the_claim(titen, subject, claim_id):
+    pack = titen.compile(subject, "can we promote the release? smoke checks", max_tokens=1200)
+    assert [i["claim_id"] for i in pack["items"]] == [claim_id]
+    assert titen.last_meta["degraded"]["vector"] == "disabled"
+
+
+def test_context_is_the_stored_pack(titen, subject, claim_id):
+    pack = titen.compile(subject, "smoke checks", max_tokens=1200)
+    assert titen.context(pack["context_id"])["items"] == pack["items"]
+
+
+def test_feedback(titen, subject, claim_id):
+    pack = titen.compile(subject, "smoke checks", max_tokens=1200)
+    out = titen.feedback(pack["context_id"], "useful", claim_id=claim_id)
+    assert out["outcome"] == "useful" and out["claim_id"] == claim_id
+
+
+def test_rebuild(titen):
+    assert set(titen.rebuild()) >= {"generation", "published", "content_hash"}
+
+
+def test_an_error_answer_raises_with_code_status_and_request_id(titen):
+    with pytest.raises(TitenError) as caught:
+        titen.evidence("claim_" + "0" * 32)
+    assert caught.value.code == "NOT_FOUND" and caught.value.status == 404
+    assert caught.value.request_id.startswith("req_")
+    assert caught.value.message == "claim claim_00000000000000000000000000000000 not found"
+
+
+def test_a_validation_error_raises(titen):
+    with pytest.raises(TitenError) as caught:
+        titen.compile("user_rama", "x", max_tokens=5)
+    assert caught.value.code == "VALIDATION_ERROR" and caught.value.status == 400
+
+
+def test_a_wrong_key_raises_unauthenticated(served):
+    url, _, _ = served
+    with pytest.raises(TitenError) as caught:
+        Titen(url, "titen_sk_" + "A" * 43).compile("user_rama", "x", max_tokens=200)
+    assert caught.value.code == "UNAUTHENTICATED" and caught.value.status == 401
+
+
+# -- retries through a relay -------------------------------------------------------
+
+class Relay:
+    """Between the client and the server: ``plan`` says, per attempt, "503"
+    (answer it here), "cut" (pass it on, then close without answering) or
+    "pass"; ``seen`` keeps every attempt's method, path and headers."""
+
+    def __init__(self, upstream: str, plan: list[str]):
+        self.upstream, self.plan, self.seen = upstream, list(plan), []
+        relay = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _relay(self):
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                relay.seen.append((self.command, self.path, dict(self.headers)))
+                step = relay.plan.pop(0) if relay.plan else "pass"
+                if step == "503":
+                    raw = json.dumps({"error": {"code": "UNAVAILABLE", "message": "relay says retry"},
+                                      "meta": {"request_id": "req_" + "0" * 32}}).encode()
+                    self.send_response(503)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("retry-after", "0")
+                    self.send_header("content-length", str(len(raw)))
+                    self.end_headers()
+                    self.wfile.write(raw)
+                    return
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+                request = urllib.request.Request(relay.upstream + self.path, data=body or None,
+                                                 method=self.command, headers=headers)
+                try:
+                    with urllib.request.urlopen(request, timeout=30) as response:
+                        status, raw, ctype = response.status, response.read(), response.headers["content-type"]
+                except urllib.error.HTTPError as exc:
+                    status, raw, ctype = exc.code, exc.read(), exc.headers["content-type"]
+                if step == "cut":
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
+                self.send_response(status)
+                self.send_header("content-type", ctype)
+                self.send_header("content-length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            do_GET = do_POST = _relay
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def relay(served):
+    url, _, _ = served
+    made = []
+
+    def make(plan):
+        made.append(Relay(url, plan))
+        return made[-1]
+    yield make
+    for r in made:
+        r.close()
+
+
+def _ledger(served_store):
+    return sorted(served_store.list_keys("orgs/acme/ledger/"))
+
+
+@pytest.fixture
+def store(served):
+    return open_store(Settings.from_env(data_dir=served[2]).store_url)
+
+
+def test_a_503_is_retried_with_the_same_idempotency_key_and_the_write_stored_once(served, relay, store):
+    url, keys, _ = served
+    r = relay(["503", "503"])
+    before = _ledger(store)
+    written = Titen(r.url, keys["all"], backoff=0.01).observe(**OBSERVATION)
+    assert written["observation_id"].startswith("obs_")
+    assert len(r.seen) == 3
+    idempotency_keys = {h.get("Idempotency-Key") or h.get("idempotency-key") for _, _, h in r.seen}
+    assert len(idempotency_keys) == 1 and None not in idempotency_keys
+    assert len(_ledger(store)) == len(before) + 1
+
+
+def test_every_write_has_its_own_idempotency_key_and_reads_have_none(served, relay):
+    url, keys, _ = served
+    r = relay([])
+    client = Titen(r.url, keys["all"])
+    client.observe(**OBSERVATION)
+    client.observe(**OBSERVATION)
+    client.compile("user_rama", "smoke", max_tokens=1200)
+    sent = [{k.lower(): v for k, v in h.items()}.get("idempotency-key") for _, _, h in r.seen]
+    assert sent[0] and sent[1] and sent[0] != sent[1] and sent[2] is None
+
+
+def test_a_caller_may_choose_the_idempotency_key(served, relay):
+    url, keys, _ = served
+    r = relay([])
+    Titen(r.url, keys["all"]).observe(**OBSERVATION, idempotency_key="import-line-17")
+    assert {k.lower(): v for k, v in r.seen[0][2].items()}["idempotency-key"] == "import-line-17"
+
+
+def test_a_cut_connection_is_retried(served, relay):
+    url, keys, _ = served
+    r = relay(["cut"])
+    pack = Titen(r.url, keys["all"], backoff=0.01).compile("user_rama", "smoke", max_tokens=1200)
+    assert pack["context_id"].startswith("ctx_") and len(r.seen) == 2
+
+
+def test_when_every_retry_fails_the_error_is_unavailable(served, relay):
+    url, keys, _ = served
+    r = relay(["503"] * 5)
+    with pytest.raises(TitenUnavailable) as caught:
+        Titen(r.url, keys["all"], retries=2, backoff=0.01).compile("user_rama", "smoke", max_tokens=1200)
+    assert caught.value.code == "UNAVAILABLE" and caught.value.status == 503 and len(r.seen) == 3
+
+
+def test_a_server_that_is_not_there_is_unavailable_after_the_retries():
+    with pytest.raises(TitenUnavailable) as caught:
+        Titen("http://127.0.0.1:9", "k", retries=1, backoff=0.01, timeout=2).healthz()
+    assert caught.value.code == "UNAVAILABLE" and caught.value.status is None
+
+
+def test_the_client_imports_without_the_servers_dependencies():
+    blocked = ["core", "handler", "starlette", "apsw", "boto3", "mangum", "numpy", "uvicorn", "httpx2", "mcp"]
+    probe = (
+        "import sys, importlib.abc\n"
+        f"BLOCKED = {blocked!r}\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] in BLOCKED: raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "import titen_client\n"
+        "titen_client.Titen('http://example.invalid', 'k')\n"
+        "print(sorted(m.split('.')[0] for m in sys.modules if m.split('.')[0] in BLOCKED))\n")
+    out = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, timeout=60,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
