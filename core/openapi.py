@@ -112,11 +112,8 @@ SCHEMAS: dict[str, Any] = {
                            "error": _obj({"code": INT, "message": STR, "data": _s("object")}, ("code", "message"))},
                           ("jsonrpc", "id")),
 }
-# The pack as compiled: the stored pack's fields plus ``query``, the task as
-# sent. The string is the contract (docs/api.md); the object form
-# {"task": ...} is what compile answered before it, accepted here until the
-# compile change that makes it the string lands, then dropped.
-QUERY = {"anyOf": [_s("string", description="the task as sent"), _obj({"task": STR})]}
+# The pack as compiled: the stored pack's fields plus ``query``, the task as sent.
+QUERY = _s("string", description="the task as sent")
 SCHEMAS["CompiledPack"] = {**SCHEMAS["Pack"], "properties": {**SCHEMAS["Pack"]["properties"], "query": QUERY},
                            "required": SCHEMAS["Pack"]["required"] + ["query"]}
 SCHEMAS["StoredPack"] = {**SCHEMAS["Pack"], "properties": {**SCHEMAS["Pack"]["properties"], "created_at": STR},
