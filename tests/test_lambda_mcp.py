@@ -138,3 +138,13 @@ def test_compile_event_with_an_unknown_key_is_401(lam):
     response = lam.api.handler(evt, LambdaContext())
     assert response["statusCode"] == 401
     assert json.loads(response["body"])["error"]["data"] == {"code": "UNAUTHENTICATED"}
+
+
+def test_the_openapi_document_answers_through_mangum_without_a_key(lam):
+    evt = event("healthz.json")
+    evt["rawPath"] = evt["requestContext"]["http"]["path"] = "/openapi.json"
+    response = lam.api.handler(evt, LambdaContext())
+    assert response["statusCode"] == 200
+    body = response["body"]
+    doc = json.loads(base64.b64decode(body) if response["isBase64Encoded"] else body)
+    assert doc["openapi"] == "3.1.0" and "/mcp" in doc["paths"]

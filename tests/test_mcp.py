@@ -349,3 +349,20 @@ def test_evidence_of_a_private_claim_of_another_principal_reads_like_an_unknown_
 def test_every_tool_in_the_table_has_a_spec_for_its_arguments():
     assert set(TOOLS) == {"titen_remember", "titen_consolidate", "titen_compile", "titen_feedback",
                           "titen_evidence"}
+
+
+def test_consolidating_another_organizations_observation_reads_like_an_unknown_one(api):
+    mallory = api.key(org="globex", principal="mallory")
+    theirs = api.post("/v1/observations", {**remember_args(), **REMEMBER_DEFAULTS}, mallory).json()["data"]
+    unknown = "obs_" + "0" * 32
+    alice = api.key()
+
+    def consolidate(observation_id):
+        return call_tool(api, alice, "titen_consolidate", {"subject_id": "user_rama", "claims": [
+            {"statement": "s", "kind": "procedural", "confidence": 0.5,
+             "sources": [{"observation_id": observation_id, "relation": "supports"}]}]})
+
+    foreign, missing = consolidate(theirs["observation_id"]), consolidate(unknown)
+    assert foreign["structuredContent"]["error"]["code"] == "NOT_FOUND"
+    assert json.dumps(foreign).replace(theirs["observation_id"], "<id>") == json.dumps(missing).replace(unknown, "<id>")
+    assert api.ledger_keys("acme") == []
