@@ -7,9 +7,13 @@ same ``McpServer.handle`` from stdio. The subset is: ``initialize`` (with
 protocol version negotiation), notifications (accepted, 202), ``ping``,
 ``tools/list`` and ``tools/call``; everything else is ``-32601``.
 
-Why not the SDK's server: importing ``mcp.server`` adds ~0.7-0.9 s to a
-cold start (pydantic and the SDK's models; bench/README.md), against a
-budget of 60 ms; this module imports nothing beyond the service.
+Why not the SDK's server (``mcp`` 2.3.0): importing its streamable HTTP
+server adds ~0.7-0.9 s to a cold start (pydantic and the SDK's models;
+bench/README.md), against a budget of 60 ms; and its session manager only
+answers inside ``run()``, a task group held open by the ASGI lifespan, which
+can be entered once, while Mangum runs the lifespan on every invocation
+(``handler/api.py`` turns it off). This module imports nothing beyond the
+service and keeps nothing between messages.
 
 Rules it enforces:
 
