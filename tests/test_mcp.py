@@ -366,3 +366,9 @@ def test_consolidating_another_organizations_observation_reads_like_an_unknown_o
     assert foreign["structuredContent"]["error"]["code"] == "NOT_FOUND"
     assert json.dumps(foreign).replace(theirs["observation_id"], "<id>") == json.dumps(missing).replace(unknown, "<id>")
     assert api.ledger_keys("acme") == []
+
+
+def test_a_2026_discover_probe_is_refused_so_the_client_falls_back_to_initialize(api):
+    r = rpc(api, api.key(), "server/discover", {}, headers={"mcp-protocol-version": "2026-07-28"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == -32600
+    assert all(v in r.json()["error"]["message"] for v in PROTOCOL_VERSIONS)
