@@ -16,13 +16,13 @@ from typing import Any
 from core.bodies import COMPILE, CONSOLIDATION, FEEDBACK, OBSERVATION, SUPERSEDE, TRANSITION
 from core.domain import (CLAIM_KINDS, CLAIM_STATUSES, FEEDBACK_OUTCOMES, INSTRUCTIONS, OBSERVATION_KINDS,
                          POLICY_SNAPSHOT, RELATIONS, TRUST_LEVELS, VISIBILITY_RANK)
+from core.errors import TitenError
 from core.mcp import PROTOCOL_VERSIONS
 from core.packing import dumps
 
 VERSION = "0.1.0"
-ERROR_CODES = {400: "VALIDATION_ERROR", 401: "UNAUTHENTICATED", 403: "FORBIDDEN", 404: "NOT_FOUND",
-               405: "METHOD_NOT_ALLOWED", 409: "CONFLICT", 413: "PAYLOAD_TOO_LARGE", 500: "INTERNAL",
-               503: "UNAVAILABLE"}
+# status -> code, from the one error hierarchy (core/errors.py)
+ERROR_CODES = {cls.status: cls.code for cls in TitenError.__subclasses__()}
 
 
 def _s(type_: str | list, **kw) -> dict:

@@ -146,3 +146,9 @@ def test_schemathesis_finds_no_5xx_no_undocumented_answer_and_no_forbidden_reque
     assert tested and int(tested.group(1)) == len(ROUTES) - 1, summary
     generated = re.search(r"(\d+) generated", summary)
     assert generated and int(generated.group(1)) >= MIN_CASES, summary
+
+
+def test_the_error_envelope_lists_every_code_of_the_error_hierarchy():
+    from core.errors import TitenError
+    codes = document()["components"]["schemas"]["Error"]["properties"]["error"]["properties"]["code"]["enum"]
+    assert set(codes) == {cls.code for cls in TitenError.__subclasses__()} | {"INTERNAL"}
