@@ -13,10 +13,11 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from core.bodies import COMPILE, CONSOLIDATION, FEEDBACK, OBSERVATION, SUPERSEDE, TRANSITION
+from core.bodies import BATCH, COMPILE, CONSOLIDATION, FEEDBACK, OBSERVATION, SUPERSEDE, TRANSITION
 from core.domain import (CLAIM_KINDS, CLAIM_STATUSES, FEEDBACK_OUTCOMES, INSTRUCTIONS, OBSERVATION_KINDS,
                          POLICY_SNAPSHOT, RELATIONS, TRUST_LEVELS, VISIBILITY_RANK)
 from core.errors import TitenError
+from core.idempotency import HEADER as IDEMPOTENCY_HEADER, _KEY as IDEMPOTENCY_KEY
 from core.mcp import PROTOCOL_VERSIONS
 from core.packing import dumps
 
@@ -52,6 +53,7 @@ SCHEMAS: dict[str, Any] = {
                    "meta": {"request_id": "req_01a23bdfd4e172baa25d5a27b61bd7ca"}}]),
     "Meta": _obj({"request_id": _s("string", pattern="^req_[0-9a-f]{32}$")}),
     "Observation": OBSERVATION.schema(),
+    "ObservationBatch": BATCH.schema(),
     "Consolidation": CONSOLIDATION.schema(),
     "Transition": TRANSITION.schema(),
     "Supersede": SUPERSEDE.schema(),
@@ -61,6 +63,9 @@ SCHEMAS: dict[str, Any] = {
         "observation_id": STR, "claim_id": NSTR, "subject_id": STR, "project_id": NSTR,
         "trust": _s("string", enum=list(TRUST_LEVELS)), "visibility": _s("string", enum=list(VISIBILITY_RANK)),
         "created_at": STR}),
+    "BatchWritten": _obj({"results": _s("array", items={"oneOf": [
+        _obj({"index": INT, "data": ref("ObservationWritten")}),
+        _obj({"index": INT, "error": _obj({"code": STR, "message": STR})})]})}),
     "ConsolidationWritten": _obj({"claim_ids": _s("array", items=STR), "model_used": _s("boolean", const=False)}),
     "Superseded": _obj({"claim_id": STR, "superseded": STR}),
     "Retired": _obj({"claim_id": STR, "status": _s("string", enum=["revoked", "expired"]), "version": INT}),
@@ -130,6 +135,11 @@ EXAMPLES = {
     "Transition": {"expected_version": 1, "reason": "superseded by the new runbook"},
     "Supersede": {"expected_version": 1, "statement": "Deploy smoke and canary must pass before release.",
                   "confidence": 0.9},
+    "ObservationBatch": {"items": [
+        {"subject_id": "user_rama", "kind": "user_statement", "content": "I deploy on Fridays.",
+         "source": {"type": "chat", "ref": "conv_1#4"}},
+        {"subject_id": "user_rama", "kind": "decision", "content": "Freeze deploys during the sale.",
+         "source": {"type": "doc", "ref": "runbook#freeze"}, "visibility": "organization"}]},
     "Compile": {"subject_id": "user_rama", "task": "deploy the checkout service safely", "max_tokens": 1200},
     "Feedback": {"outcome": "useful", "claim_id": "claim_01a23bdfd4b2714cadb4e01337ad0001"},
 }
@@ -167,6 +177,21 @@ def _op(op_id: str, summary: str, scope: str | None, ok: int, data: dict, errors
     return op
 
 
+WRITE_META = _obj({"request_id": STR, "idempotent_replay": _s("boolean", description="true: this answer replays "
+                                                                  "the first one for this Idempotency-Key")},
+                  ("request_id",))
+IDEMPOTENCY = {"name": IDEMPOTENCY_HEADER, "in": "header", "required": False,
+               "schema": _s("string", pattern=IDEMPOTENCY_KEY.pattern),
+               "description": "1-255 visible ASCII characters. The same key with the same body within 24 hours "
+                              "replays the first answer and stores nothing; with another body it is 409"}
+
+
+def _write(op_id: str, summary: str, scope: str, ok: int, data: dict, body: str,
+           params: list | None = None) -> dict:
+    return _op(op_id, summary, scope, ok, data, WRITE_ERRORS, body=body, params=[*(params or []), IDEMPOTENCY],
+               meta=WRITE_META)
+
+
 WRITE_ERRORS = (400, 401, 403, 404, 409, 413, 500, 503)
 
 
@@ -193,21 +218,24 @@ def document() -> dict:
         "/readyz": {"get": _op("readyz", "snapshot generation, age, claim count, vector state (a key narrows it "
                                          "to its organization)", None, 200, ref("Ready"), (401, 500, 503),
                                auth="optional")},
-        "/v1/observations": {"post": _op("createObservation", "append one piece of evidence, optionally with "
-                                                              "the claim it supports", "memory:write", 201,
-                                         ref("ObservationWritten"), WRITE_ERRORS, body="Observation")},
-        "/v1/consolidations": {"post": _op("createConsolidation", "append 1-50 caller-written claims citing "
-                                                                  "their evidence", "memory:write", 201,
-                                           ref("ConsolidationWritten"), WRITE_ERRORS, body="Consolidation")},
-        "/v1/claims/{claim_id}/supersede": {"post": _op("supersedeClaim", "replace a claim by a new one",
-                                                        "memory:write", 201, ref("Superseded"), WRITE_ERRORS,
-                                                        body="Supersede", params=claim_id)},
-        "/v1/claims/{claim_id}/revoke": {"post": _op("revokeClaim", "retire a claim as revoked", "memory:write",
-                                                     200, ref("Retired"), WRITE_ERRORS, body="Transition",
-                                                     params=claim_id)},
-        "/v1/claims/{claim_id}/expire": {"post": _op("expireClaim", "retire a claim as expired", "memory:write",
-                                                     200, ref("Retired"), WRITE_ERRORS, body="Transition",
-                                                     params=claim_id)},
+        "/v1/observations": {"post": _write("createObservation", "append one piece of evidence, optionally "
+                                                                 "with the claim it supports", "memory:write", 201,
+                                            ref("ObservationWritten"), "Observation")},
+        "/v1/observations/batch": {"post": _write("createObservationBatch", "append up to 100 observations in "
+                                                                            "one ledger entry, a result per index",
+                                                  "memory:write", 201, ref("BatchWritten"), "ObservationBatch")},
+        "/v1/consolidations": {"post": _write("createConsolidation", "append 1-50 caller-written claims citing "
+                                                                     "their evidence", "memory:write", 201,
+                                              ref("ConsolidationWritten"), "Consolidation")},
+        "/v1/claims/{claim_id}/supersede": {"post": _write("supersedeClaim", "replace a claim by a new one",
+                                                           "memory:write", 201, ref("Superseded"), "Supersede",
+                                                           claim_id)},
+        "/v1/claims/{claim_id}/revoke": {"post": _write("revokeClaim", "retire a claim as revoked",
+                                                        "memory:write", 200, ref("Retired"), "Transition",
+                                                        claim_id)},
+        "/v1/claims/{claim_id}/expire": {"post": _write("expireClaim", "retire a claim as expired",
+                                                        "memory:write", 200, ref("Retired"), "Transition",
+                                                        claim_id)},
         "/v1/claims/{claim_id}/evidence": {"get": _op("claimEvidence", "a claim and the sources the caller may "
                                                                        "read", "context:compile", 200,
                                                       ref("Evidence"), (401, 403, 404, 500, 503), params=claim_id,
@@ -219,10 +247,10 @@ def document() -> dict:
         "/v1/context/{context_id}": {"get": _op("storedContext", "a stored pack (only its compiler may read it)",
                                                 "context:compile", 200, ref("StoredPack"),
                                                 (401, 403, 404, 500, 503), params=context_id)},
-        "/v1/context/{context_id}/feedback": {"post": _op("contextFeedback", "feedback on a pack or one of its "
-                                                                             "claims", "context:feedback", 201,
-                                                          ref("FeedbackRecorded"), WRITE_ERRORS, body="Feedback",
-                                                          params=context_id)},
+        "/v1/context/{context_id}/feedback": {"post": _write("contextFeedback", "feedback on a pack or one of "
+                                                                                "its claims", "context:feedback",
+                                                             201, ref("FeedbackRecorded"), "Feedback",
+                                                             context_id)},
         "/v1/admin/rebuild": {"post": _op("adminRebuild", "rebuild the caller's organization now and serve it",
                                           "admin", 200, ref("Rebuilt"), (401, 403, 409, 500, 503))},
         "/mcp": {"post": {

@@ -22,8 +22,7 @@ from __future__ import annotations
 import json
 from typing import Callable
 
-from core.bodies import (BATCH, CLAIM_SOURCE, CONSOLIDATED_CLAIM, CONSOLIDATION, MAX_BATCH_ITEMS, OBSERVATION,
-                         SUPERSEDE, TRANSITION)
+from core.bodies import BATCH, CLAIM_SOURCE, CONSOLIDATED_CLAIM, CONSOLIDATION, OBSERVATION, SUPERSEDE, TRANSITION
 from core.domain import TRUST_LEVELS, VISIBILITY_RANK, narrowest_visibility, strongest_trust
 from core.errors import Conflict, Forbidden, NotFound, TitenError, ValidationError
 from core.idempotency import Attempt

@@ -26,7 +26,8 @@ from core.openapi import document
 from core.service import Service
 from test_mcp import _free_port, _wait_for
 
-ROUTES = {("get", "/healthz"), ("get", "/readyz"), ("post", "/v1/observations"), ("post", "/v1/consolidations"),
+ROUTES = {("get", "/healthz"), ("get", "/readyz"), ("post", "/v1/observations"), ("post", "/v1/observations/batch"),
+          ("post", "/v1/consolidations"),
           ("post", "/v1/claims/{claim_id}/supersede"), ("post", "/v1/claims/{claim_id}/revoke"),
           ("post", "/v1/claims/{claim_id}/expire"), ("get", "/v1/claims/{claim_id}/evidence"),
           ("post", "/v1/context/compile"), ("get", "/v1/context/{context_id}"),
