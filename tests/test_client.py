@@ -63,6 +63,12 @@ def test_observe_returns_the_ids(titen):
     assert written["observation_id"].startswith("obs_") and written["claim_id"].startswith("claim_")
 
 
+def test_observe_batch_stores_the_valid_items_and_reports_the_others(titen):
+    out = titen.observe_batch([OBSERVATION, {**OBSERVATION, "kind": "nope"}])
+    assert [sorted(r) for r in out["results"]] == [["data", "index"], ["error", "index"]]
+    assert out["results"][1]["error"]["code"] == "VALIDATION_ERROR"
+
+
 def test_consolidate_cites_an_observation(titen):
     obs = titen.observe(**OBSERVATION)
     out = titen.consolidate("user_rama", [{**CLAIM, "sources": [{"observation_id": obs["observation_id"],
@@ -234,6 +240,23 @@ def test_a_503_is_retried_with_the_same_idempotency_key_and_the_write_stored_onc
     idempotency_keys = {h.get("Idempotency-Key") or h.get("idempotency-key") for _, _, h in r.seen}
     assert len(idempotency_keys) == 1 and None not in idempotency_keys
     assert len(_ledger(store)) == len(before) + 1
+
+
+def test_a_write_whose_answer_was_lost_is_retried_and_stored_once(served, relay, store):
+    """The server stores the first attempt, the relay cuts its answer: the
+    retry carries the same key, so the server replays instead of storing again."""
+    url, keys, _ = served
+    r = relay(["cut"])
+    before = _ledger(store)
+    client = Titen(r.url, keys["all"], backoff=0.01)
+    written = client.observe(**OBSERVATION)
+    assert len(r.seen) == 2
+    sent = [{k.lower(): v for k, v in h.items()}["idempotency-key"] for _, _, h in r.seen]
+    assert sent[0] == sent[1]
+    assert client.last_meta.get("idempotent_replay") is True
+    new = set(_ledger(store)) - set(before)
+    assert len(new) == 1  # one entry, and it is the one the replayed answer names
+    assert written["observation_id"][4:32] in new.pop()
 
 
 def test_every_write_has_its_own_idempotency_key_and_reads_have_none(served, relay):

@@ -21,8 +21,8 @@ of the latest answer. A failure raises ``TitenError`` with the envelope's
 ``code``, ``message``, HTTP ``status`` and ``request_id``. A 503 or a
 connection failure is retried with exponential backoff (``retries``
 times). Every write sends an ``Idempotency-Key``, generated once per call
-and reused by its retries, so a retried write is stored once by a server
-that honours the key (docs/api.md, writes you can retry).
+and reused by its retries, so a write whose answer was lost is stored once
+(the server replays the first answer; docs/api.md, writes you can retry).
 """
 
 from __future__ import annotations
@@ -187,6 +187,22 @@ class Titen:
                            "visibility": visibility, "occurred_at": occurred_at,
                            "claim": dict(claim) if claim is not None else None})
         return self.request("POST", "/v1/observations", body, write=True, idempotency_key=idempotency_key)
+
+    def observe_batch(self, items: list[Mapping[str, Any]], *, idempotency_key: str | None = None) -> JSON:
+        """``POST /v1/observations/batch``: up to 100 observation bodies in one ledger entry.
+
+        Each result is ``{"index", "data"}`` (stored) or ``{"index", "error"}`` (not stored);
+        a batch with no valid item raises ``TitenError`` (VALIDATION_ERROR).
+
+        >>> out = titen.observe_batch([
+        ...     {"subject_id": "user_rama", "kind": "user_statement", "content": "I deploy on Fridays.",
+        ...      "source": {"type": "chat", "ref": "conv_1#4"}},
+        ...     {"subject_id": "user_rama", "kind": "nope", "content": "x", "source": {"type": "chat", "ref": "r"}}])
+        >>> [("data" in r, "error" in r) for r in out["results"]]
+        [(True, False), (False, True)]
+        """
+        return self.request("POST", "/v1/observations/batch", {"items": [dict(i) for i in items]}, write=True,
+                            idempotency_key=idempotency_key)
 
     def consolidate(self, subject_id: str, claims: list[Mapping[str, Any]], *, project_id: str | None = None,
                     idempotency_key: str | None = None) -> JSON:
