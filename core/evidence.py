@@ -4,7 +4,8 @@ One function serves the HTTP route and the MCP tool, so both apply the same
 scope check and the same visibility rule (docs/api.md, evidence): a claim the
 caller may not read is ``NOT_FOUND`` exactly like one that does not exist,
 and a claim contradicted only by evidence this reader may not see reads as
-``active``.
+``active``. It reads the snapshot under the organization's serving lock
+(an apsw connection is used by one thread at a time).
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from core.snapshot import SnapshotReader
 def claim_evidence(reader: SnapshotReader, principal: Principal, claim_id: str) -> tuple[dict, dict]:
     """(data, meta) of the evidence answer; ``meta`` names the generation read."""
     principal.require("context:compile")
+    with reader.serving_lock(principal.org_id):  # re-entrant: the route may hold it already
+        return _claim_evidence(reader, principal, claim_id)
+
+
+def _claim_evidence(reader: SnapshotReader, principal: Principal, claim_id: str) -> tuple[dict, dict]:
     snapshot = reader.current(principal.org_id)
     row = claim_for_reader(snapshot, principal, claim_id)
     if row is None:

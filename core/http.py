@@ -164,18 +164,27 @@ def mcp_endpoint(service: Service):
         request_id = new_id("req")
         message = None
         try:
-            raw = await read_raw(request)
+            raw = await read_raw(request, service.settings.body_timeout)
             try:
                 message = parse_json_value(raw)
             except ValidationError as exc:
                 raise RpcError(PARSE_ERROR, exc.message, 400) from None
-            answer = server.handle(message, lambda: service.keys.authenticate(request.headers.get("authorization")),
-                                   request_id, request.headers.get("mcp-protocol-version"))
+            # on the thread pool, like every route's work (docs/architecture.md, "Liveness")
+            answer = await run_in_threadpool(
+                server.handle, message, lambda: service.keys.authenticate(request.headers.get("authorization")),
+                request_id, request.headers.get("mcp-protocol-version"))
         except RpcError as exc:
             return mcp_error(exc.status, rpc_error(message_id(message), exc.code, exc.message), request_id)
-        except TitenError as exc:  # the key (401) or the body's size (413)
-            return mcp_error(exc.status, rpc_error(message_id(message), SERVER_ERROR, exc.message,
-                                                   {"code": exc.code}), request_id)
+        except ClientDisconnect:  # nobody to answer: one line, no traceback
+            log.warning("client disconnected before sending the whole body [%s POST /mcp]", request_id)
+            return mcp_error(400, rpc_error(None, SERVER_ERROR, "client disconnected",
+                                            {"code": "VALIDATION_ERROR"}), request_id)
+        except TitenError as exc:  # the key (401), the body's size (413) or its arrival (408)
+            response = mcp_error(exc.status, rpc_error(message_id(message), SERVER_ERROR, exc.message,
+                                                       {"code": exc.code}), request_id)
+            if isinstance(exc, RequestTimeout):
+                response.headers["connection"] = "close"  # the rest of the body is never read
+            return response
         except StoreError:
             log.exception("store failure [%s]", request_id)
             return mcp_error(503, rpc_error(message_id(message), SERVER_ERROR, "the store is unavailable; retry "

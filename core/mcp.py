@@ -42,6 +42,7 @@ from core.errors import Internal, TitenError, Unavailable, ValidationError
 from core.evidence import claim_evidence
 from core.keys import Principal
 from core.packing import dumps
+from core.snapshot import DAMAGE_ERRORS
 from core.store import StoreError
 from core.validation import Fields, check_strings
 
@@ -245,6 +246,8 @@ class McpServer:
             answer = tool.run(self.service, principal, args)
         except TitenError as exc:
             return tool_error(exc)
+        except DAMAGE_ERRORS as exc:  # a damaged snapshot file: evicted, never served (as on the routes)
+            return tool_error(self.service.snapshot_damaged(principal.org_id, exc))
         except StoreError:
             log.exception("store failure [%s]", request_id)
             return tool_error(Unavailable("the store is unavailable; retry shortly"))

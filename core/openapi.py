@@ -103,10 +103,11 @@ SCHEMAS: dict[str, Any] = {
                               "outcome": _s("string", enum=list(FEEDBACK_OUTCOMES)), "recorded_at": STR}),
     "Rebuilt": _obj({"generation": INT, "published": _s("boolean"), "entries_applied": INT, "content_hash": STR,
                      "claim_count": INT, "snapshot_bytes": INT, "seconds": NUM}),
-    "Ready": _obj({"status": _s("string", const="ready"), "generation": INT,
+    "Ready": _obj({"status": _s("string", enum=["ready", "not_ready"]), "generation": INT,
                    "generation_age_seconds": _s(["number", "null"]), "claim_count": INT,
                    "vector": _s("string", enum=["disabled", "enabled", "error"]), "organizations": INT,
-                   "last_refresh_error": NSTR, "vector_error": STR},
+                   "last_refresh_error": NSTR, "last_eviction": NSTR,
+                   "reason": _s("string", description="why not_ready"), "vector_error": STR},
                   ("status", "generation", "generation_age_seconds", "claim_count", "vector", "organizations",
                    "last_refresh_error")),
     "JsonRpcMessage": _obj({"jsonrpc": _s("string", const="2.0"), "id": _s(["string", "integer"]),
@@ -177,6 +178,15 @@ def _op(op_id: str, summary: str, scope: str | None, ok: int, data: dict, errors
     return op
 
 
+def _readyz() -> dict:
+    op = _op("readyz", "snapshot generation, age, claim count, vector state (a key narrows it to its "
+                       "organization)", None, 200, ref("Ready"), (401, 500), auth="optional")
+    op["responses"]["503"] = {**_answer(503, ref("Ready"), "not_ready: a published generation cannot be served "
+                                                           "(reason says why); the same shape as 200"),
+                              "description": "not_ready (the success shape, status not_ready, with a reason)"}
+    return op
+
+
 WRITE_META = _obj({"request_id": STR, "idempotent_replay": _s("boolean", description="true: this answer replays "
                                                                   "the first one for this Idempotency-Key")},
                   ("request_id",))
@@ -192,7 +202,7 @@ def _write(op_id: str, summary: str, scope: str, ok: int, data: dict, body: str,
                meta=WRITE_META)
 
 
-WRITE_ERRORS = (400, 401, 403, 404, 409, 413, 500, 503)
+WRITE_ERRORS = (400, 401, 403, 404, 408, 409, 413, 500, 503)
 
 
 @lru_cache(maxsize=1)
@@ -215,9 +225,7 @@ def document() -> dict:
     paths = {
         "/healthz": {"get": _op("healthz", "liveness", None, 200, _obj({"status": _s("string", const="ok")}), (500,),
                                 auth="none")},
-        "/readyz": {"get": _op("readyz", "snapshot generation, age, claim count, vector state (a key narrows it "
-                                         "to its organization)", None, 200, ref("Ready"), (401, 500, 503),
-                               auth="optional")},
+        "/readyz": {"get": _readyz()},
         "/v1/observations": {"post": _write("createObservation", "append one piece of evidence, optionally "
                                                                  "with the claim it supports", "memory:write", 201,
                                             ref("ObservationWritten"), "Observation")},
@@ -242,7 +250,7 @@ def document() -> dict:
                                                       meta=generation_meta)},
         "/v1/context/compile": {"post": _op("compileContext", "scope, rank and pack claims for one subject, task "
                                                               "and token budget", "context:compile", 200,
-                                            ref("CompiledPack"), (400, 401, 403, 413, 500, 503), body="Compile",
+                                            ref("CompiledPack"), (400, 401, 403, 408, 413, 500, 503), body="Compile",
                                             meta=compile_meta)},
         "/v1/context/{context_id}": {"get": _op("storedContext", "a stored pack (only its compiler may read it)",
                                                 "context:compile", 200, ref("StoredPack"),
