@@ -372,3 +372,26 @@ def test_a_2026_discover_probe_is_refused_so_the_client_falls_back_to_initialize
     r = rpc(api, api.key(), "server/discover", {}, headers={"mcp-protocol-version": "2026-07-28"})
     assert r.status_code == 400 and r.json()["error"]["code"] == -32600
     assert all(v in r.json()["error"]["message"] for v in PROTOCOL_VERSIONS)
+
+
+def test_concurrent_tool_calls_against_titen_serve_all_answer(served):
+    """Tools read the snapshot under the organization's serving lock, like
+    the routes: eight threads of compile and evidence calls all succeed."""
+    import concurrent.futures
+
+    url, keys = served
+    written = _post(url, "/v1/observations", keys["all"], {**remember_args(), **REMEMBER_DEFAULTS})["data"]
+    _post(url, "/v1/admin/rebuild", keys["all"])
+
+    def tool(name, arguments):
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                           "params": {"name": name, "arguments": arguments}}).encode()
+        request = urllib.request.Request(url + "/mcp", data=body, method="POST", headers={
+            "authorization": f"Bearer {keys['all']}", "content-type": "application/json", **HEADERS})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.loads(response.read())["result"]
+
+    calls = [("titen_compile", compile_args()), ("titen_evidence", {"claim_id": written["claim_id"]})] * 20
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda c: tool(*c), calls))
+    assert [r["isError"] for r in results] == [False] * len(calls)
