@@ -163,7 +163,12 @@ class Idempotency:
                 # One more run lets it see that write through (a transition
                 # completes the pending entry of the claim head it lost to).
                 if not attempt.claimed:
-                    raise
+                    # A concurrent duplicate may have claimed the key and
+                    # finished while this one ran (a transition then finds
+                    # the claim already moved): then its answer is ours.
+                    if self._read(rkey)[0] is None:
+                        raise
+                    continue
                 stored = self._answer(attempt.entry_key)
                 if stored is not None:
                     return stored

@@ -291,3 +291,47 @@ def test_a_retry_after_a_crash_is_served_once_by_compile(api, monkeypatch):
     api.rebuild(key)
     items = api.compile(key, "deploy smoke release").json()["data"]["items"]
     assert [i["claim_id"] for i in items] == [stored["claim_id"]]
+
+
+def test_a_duplicate_that_finishes_while_the_first_attempt_runs_unclaimed_is_replayed_not_a_conflict(service):
+    """The interleaving the 8-thread burst hits only sometimes: attempt B
+    reads no record, duplicate A claims the key and finishes, then B's own
+    write fails because A already moved the claim. B answers A's answer."""
+    from core.errors import Conflict
+    from core.idempotency import Idempotency
+    from core.ledger import Ledger, entry_key
+    from core.keys import Principal
+
+    principal = Principal(org_id="acme", principal_id="alice", key_id="key_x", scopes=frozenset({"memory:write"}),
+                          workspaces=())
+    idem = Idempotency(service.store)
+    ledger = Ledger(service.store)
+
+    def first(attempt):  # A: claims, stores its entry with its answer
+        attempt.claim(entry_key("acme", attempt.entry_hex))
+        ledger.append("acme", "transition", attempt.answer(200, {"claim_id": "claim_a", "status": "revoked"}),
+                      actor="alice", entry_hex=attempt.entry_hex)
+        return 200, {"claim_id": "claim_a", "status": "revoked"}
+
+    def second(attempt):  # B: A runs to the end meanwhile, then B finds the claim revoked
+        assert idem.run(principal, "revoke", "k1", {"claim_id": "claim_a"}, {"expected_version": 1}, first).replay \
+            is False
+        raise Conflict("claim claim_a is revoked; only active or disputed claims can change")
+
+    outcome = idem.run(principal, "revoke", "k1", {"claim_id": "claim_a"}, {"expected_version": 1}, second)
+    assert (outcome.status, outcome.data, outcome.replay) == (200, {"claim_id": "claim_a", "status": "revoked"}, True)
+
+
+def test_a_failure_with_no_duplicate_in_flight_is_answered_as_it_is(service):
+    from core.errors import Conflict
+    from core.idempotency import Idempotency
+    from core.keys import Principal
+
+    principal = Principal(org_id="acme", principal_id="alice", key_id="key_x", scopes=frozenset({"memory:write"}),
+                          workspaces=())
+
+    def fails(attempt):
+        raise Conflict("claim claim_a is revoked; only active or disputed claims can change")
+
+    with pytest.raises(Conflict, match="is revoked"):
+        Idempotency(service.store).run(principal, "revoke", "k2", {"claim_id": "claim_a"}, {}, fails)
