@@ -48,8 +48,10 @@ best rows by score, scope-checked in that order by the caller's own predicate
 SQL until k are in scope, then every row tying the k-th score, sorted by
 (bm25, claim_id) as the FTS5 query orders them. Whenever an exact answer
 cannot be guaranteed (tables missing or stale, a term that is not exactly one
-token) ``top_candidates`` returns None and the caller runs the FTS5 query
-(``core.retrieval.fts_candidates``), which stays the reference.
+token, contributions priced by another libm's log(): see
+``platform_fingerprint``) ``top_candidates`` returns None and the caller runs
+the FTS5 query (``core.retrieval.fts_candidates``), which stays the
+reference.
 
 numpy is a runtime dependency for this step alone: scoring a frequent term's
 list (hundreds of thousands of postings at 342k claims) in Python costs tens
@@ -59,7 +61,11 @@ halved that, the C loop cuts it by another 2-4x and needs no pruning.
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import math
+import platform
+import struct
 import sys
 import weakref
 from array import array
@@ -133,6 +139,67 @@ def contribution(idf: float, tf: float, doclen: float, avgdl: float) -> float:
     return idf * ((tf * (K1 + 1.0)) / (tf + K1 * (1 - B + B * doclen / avgdl)))
 
 
+# -- the libm the stored contributions were priced with ----------------------------
+#
+# Every other step of a contribution is IEEE arithmetic, the same everywhere;
+# log() is the C library's, and FTS5 calls the log() of the machine serving
+# the query. A snapshot built on one platform (an operator's x86_64 laptop)
+# and served on another (arm64 Lambda) therefore equals the serving FTS5 only
+# if both libms agree. The builder records its fingerprint in the snapshot's
+# meta table under LIBM_META_KEY; a reader whose own fingerprint differs does
+# not use the stored contributions (the FTS5 query answers), and the next
+# build on the reader's platform prices every list again.
+
+LIBM_META_KEY = "lexical_libm"
+_fingerprint: str | None = None
+
+
+def _log_inputs() -> list[float]:
+    """The fingerprint's fixed inputs, made without libm (exact operations
+    only): idf arguments (N - df + 0.5) / (df + 0.5) over index sizes 1..10^7
+    and their document frequencies, and 2048 doubles spread over 2^-12..2^28."""
+    xs = []
+    n = 1
+    while n <= 10**7:
+        df = 1
+        while df <= n:
+            xs.append((n - df + 0.5) / (df + 0.5))
+            df = df * 3 // 2 + 1
+        n = n * 5 // 4 + 1
+    state = 0x9E3779B97F4A7C15
+    for _ in range(2048):
+        state = (state * 6364136223846793005 + 1442695040888963407) % 2**64
+        xs.append(math.ldexp(1.0 + (state >> 12) / 2**52, (state % 41) - 12))
+    return xs
+
+
+def platform_fingerprint() -> str:
+    """This process's libm, as '<machine> log:<digest>': the digest (the first
+    16 hex digits of the sha256 of the exact bits of math.log on the fixed
+    inputs) is what is compared; the machine name is for the reader of a
+    report."""
+    global _fingerprint
+    if _fingerprint is None:
+        xs = _log_inputs()
+        bits = struct.pack(f"<{len(xs)}d", *map(math.log, xs))
+        _fingerprint = f"{platform.machine()} log:{hashlib.sha256(bits).hexdigest()[:16]}"
+    return _fingerprint
+
+
+def priced_here(recorded: str | None) -> bool:
+    """Whether contributions priced under the ``recorded`` fingerprint equal
+    this platform's (None: not recorded, so unknown)."""
+    return recorded is not None and recorded.rpartition(" log:")[2] == platform_fingerprint().rpartition(" log:")[2]
+
+
+def recorded_fingerprint(db: apsw.Connection) -> str | None:
+    try:
+        row = db.execute("SELECT value FROM meta WHERE key = ?", (LIBM_META_KEY,)).fetchone()
+    except apsw.SQLError:  # no meta table
+        return None
+    return row[0] if row is not None else None
+
+
 # -- build -------------------------------------------------------------------
 
 _INSERT = "INSERT INTO lex_postings(subject_id, term, n, ub, rowids, contribs, tfdl) VALUES(?, ?, ?, ?, ?, ?, ?)"
@@ -153,6 +220,8 @@ def _write_stats(db: apsw.Connection, averages: bytes, n_rows: int, n_tokens: in
     db.execute("INSERT INTO lex_stats(id, version, n_rows, n_tokens, averages, rowid_type, byteorder)"
                " VALUES(1, ?, ?, ?, ?, ?, ?)",
                (LEX_VERSION, n_rows, n_tokens, averages, rowid_type, sys.byteorder))
+    # both build paths price every list after this, with this process's log()
+    db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES(?, ?)", (LIBM_META_KEY, platform_fingerprint()))
 
 
 def _rowid_type(db: apsw.Connection) -> str:
@@ -245,7 +314,9 @@ def update_lexical_index(db: apsw.Connection, changes: LexicalChanges, progress=
 
     Falls back to the whole build when there is no current-version index to
     start from, when the rowid width must grow, or when the changes do not
-    account exactly for the index's new statistics."""
+    account exactly for the index's new statistics. Lists priced with another
+    libm (see ``platform_fingerprint``) are priced again even if nothing
+    changed."""
     progress = progress or (lambda message: None)
     try:
         row = db.execute("SELECT version, n_rows, n_tokens, rowid_type, byteorder FROM lex_stats"
@@ -257,9 +328,14 @@ def update_lexical_index(db: apsw.Connection, changes: LexicalChanges, progress=
         return build_lexical_index(db)
     _, old_rows, old_tokens, _, _ = row
     averages, n_rows, n_tokens = _averages(db)
-    if not changes.rows and (n_rows, n_tokens) == (old_rows, old_tokens):
+    recorded = recorded_fingerprint(db)
+    foreign = not priced_here(recorded)
+    if not changes.rows and (n_rows, n_tokens) == (old_rows, old_tokens) and not foreign:
         # nothing entered or left the index: every list is still exact
         return {"mode": "unchanged", "n_rows": n_rows, "terms": 0, "postings": 0, "lists": 0, "edited": 0}
+    if foreign:
+        progress(f"candidate index: priced under libm {recorded!r}, here {platform_fingerprint()!r};"
+                 " pricing every list again")
 
     # 1. the changed rows' postings, from FTS5's own tokenizer
     tokenizer = db.fts5_tokenizer(*FTS_TOKENIZER_ARGS)
@@ -349,7 +425,8 @@ def update_lexical_index(db: apsw.Connection, changes: LexicalChanges, progress=
 # -- query -------------------------------------------------------------------
 
 class _State:
-    __slots__ = ("ok", "tokenizer", "rowid_type", "rowid_dtype", "token_cache", "vocab_rows", "n_rows", "avgdl")
+    __slots__ = ("ok", "tokenizer", "rowid_type", "rowid_dtype", "token_cache", "vocab_rows", "n_rows", "avgdl",
+                 "libm")
 
     def __init__(self, db: apsw.Connection):
         self.ok = False
@@ -369,6 +446,14 @@ class _State:
         current, current_rows, _ = _averages(db)
         self.ok = (version == LEX_VERSION and byteorder == sys.byteorder and bytes(averages) == current
                    and n_rows == current_rows)
+        self.libm = recorded_fingerprint(db)
+        if self.ok and not priced_here(self.libm):
+            # priced by another libm (or by a build that did not say): the
+            # contributions may be an ulp from this platform's FTS5
+            self.ok = False
+            logging.getLogger("titen").warning(
+                "candidate index priced under libm %r, here %r: the FTS5 query answers until a build here",
+                self.libm, platform_fingerprint())
         self.tokenizer = db.fts5_tokenizer(*FTS_TOKENIZER_ARGS)
 
     def token(self, term: str) -> str | None:

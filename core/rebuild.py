@@ -36,7 +36,7 @@ from core.domain import POSITIVE_OUTCOMES, TRUST_LEVELS
 from core.ids import uuid7_floor_hex, uuid7_ms
 from core.instants import canonical, now_utc, parse_instant
 from core import content_hash, housekeeping
-from core.lexical import LexicalChanges, update_lexical_index
+from core.lexical import LexicalChanges, priced_here, recorded_fingerprint, update_lexical_index
 from core.packing import item_fields, item_prefix
 from core.tokens import TOKENIZER_ID, count_tokens_batch
 from core.ledger import RUN_SUFFIX, Ledger, ledger_prefix
@@ -160,8 +160,10 @@ class SnapshotBuilder:
                 if row_digests is not None:
                     row_digests.close()
                     sums = row_digests.sums
+                # (a generation whose candidate index another libm priced is
+                # priced again here even with nothing new: core.lexical)
                 if (pointer is not None and applied == 0 and not from_scratch and not force
-                        and self._vectors_current(pointer)):
+                        and self._vectors_current(pointer) and priced_here(recorded_fingerprint(db))):
                     if db.total_changes() == 0:
                         # untouched: still exactly the published file, so keep it
                         db.close()

@@ -242,12 +242,18 @@ def test_an_index_of_another_version_is_rebuilt_whole(monkeypatch):
 
 def test_the_probe_picks_the_model_matching_this_platforms_fts5(monkeypatch):
     import math
+    # this platform's own FTS5 first: every probed count has a model (x86_64
+    # builds sum plainly; aarch64 builds fuse the odd last phrase)
+    here = lexical._probe_modes()
+    assert set(here) == set(range(1, lexical.PROBE_MAX_PHRASES + 1)), here
     real = lexical._top_candidates
 
     def platform_with_fused_odd_sums(db, subject_id, where, params, terms, k, fused_last=False):
-        # stand-in for an aarch64 build: the plain model misses by an ulp on odd
-        # counts, the fused model answers as its FTS5 does
-        got = real(db, subject_id, where, params, terms, k)
+        # stand-in for a platform whose FTS5 fuses odd sums: the fused model
+        # answers as its FTS5 does, the plain model misses by an ulp on odd
+        # counts. "As its FTS5 does" is this platform's FTS5, i.e. the model
+        # the probe found here.
+        got = real(db, subject_id, where, params, terms, k, fused_last=here[len(terms)] == "fused")
         if got and len(terms) % 2 == 1 and len(terms) > 1 and not fused_last:
             return [(rowid, math.nextafter(bm25, 0.0)) for rowid, bm25 in got]
         return got
@@ -326,3 +332,152 @@ def test_the_fused_model_answers_as_a_fused_fts5_would(seed):
         assert got == _fused_model(db, where, params, plan.terms, k), (plan.terms, k)
         checked += 1
     assert checked > 10
+
+
+# -- the libm the contributions were priced with --------------------------------
+
+class _OtherLibm:
+    """A C library whose log() is an ulp above this one's: what a snapshot
+    built on another platform (an operator's laptop) may have been priced with."""
+
+    def __getattr__(self, name):
+        import math
+        return getattr(math, name)
+
+    @staticmethod
+    def log(x):
+        import math
+        return math.nextafter(math.log(x), math.inf)
+
+
+def _priced_elsewhere(monkeypatch, db) -> str:
+    """Build db's lex tables as the other platform would; return its fingerprint."""
+    lexical.phrase_count_mode(1)  # this platform's probe, before log() changes
+    with monkeypatch.context() as other:
+        other.setattr(lexical, "math", _OtherLibm())
+        other.setattr(lexical, "_fingerprint", None)
+        with db:
+            lexical.build_lexical_index(db)
+        fingerprint = lexical.platform_fingerprint()
+    lexical._STATES.clear()
+    return fingerprint
+
+
+def test_the_fingerprint_is_recorded_with_the_contributions():
+    db = _corpus(random.Random(21), 30)
+    with db:
+        lexical.build_lexical_index(db)
+    recorded = lexical.recorded_fingerprint(db)
+    assert recorded == lexical.platform_fingerprint() and lexical.priced_here(recorded)
+    machine, _, digest = recorded.partition(" log:")
+    assert machine and len(digest) == 16
+    assert not lexical.priced_here(None)  # a build that did not say
+
+
+def test_contributions_priced_by_another_libm_are_never_served(monkeypatch):
+    rng = random.Random(23)
+    db = _corpus(rng, 600)
+    forged = _priced_elsewhere(monkeypatch, db)
+    assert forged != lexical.platform_fingerprint() and lexical.recorded_fingerprint(db) == forged
+    served = []
+    checked = 0
+    for _ in range(60):
+        scope = _scope(rng)
+        plan = plan_query(_task(rng))
+        if not plan.match:
+            continue
+        where, params = scope.where()
+        expected = fts_candidates(db, where, params, plan.match, 50)
+        fast = lexical.top_candidates(db, scope.subject_id, where, params, plan.terms, 50)
+        assert fast is None  # not the stored lists: the FTS5 query answers
+        # what the stored lists would have answered, had the reader trusted them
+        with monkeypatch.context() as trusting:
+            trusting.setattr(lexical, "priced_here", lambda recorded: True)
+            lexical._STATES.clear()
+            served.append((lexical.top_candidates(db, scope.subject_id, where, params, plan.terms, 50), expected))
+            lexical._STATES.clear()
+        checked += 1
+    assert checked > 30
+    # the test has teeth: the lists priced elsewhere are wrong here
+    assert sum(got is not None and got != expected for got, expected in served) > 10
+
+
+def test_a_build_here_prices_again_what_another_libm_priced(monkeypatch):
+    rng = random.Random(29)
+    db = _corpus(rng, 300)
+    _priced_elsewhere(monkeypatch, db)
+    elsewhere = _lex_tables(db)
+    with db:  # nothing entered or left the index, but every list was priced elsewhere
+        stats = lexical.update_lexical_index(db, lexical.LexicalChanges())
+    assert stats["mode"] == "incremental" and stats["lists"] > 0
+    assert lexical.recorded_fingerprint(db) == lexical.platform_fingerprint()
+    repriced = _lex_tables(db)
+    assert repriced != elsewhere
+    with db:
+        lexical.build_lexical_index(db)
+    assert repriced == _lex_tables(db)
+    with db:  # priced here now: nothing to do
+        assert lexical.update_lexical_index(db, lexical.LexicalChanges())["mode"] == "unchanged"
+
+
+STATEMENTS = ["Deploy smoke must pass before release.", "Smoke tests run on every deploy.",
+              "Rollback the deploy when the smoke test fails.", "The migration runs before the deploy.",
+              "Deploying on Friday needs two approvals.", "Release notes list every migration.",
+              "A failed migration blocks the release.", "Smoke test the canary first.",
+              "The cafe deploy pipeline is naive about migrations.", "Run the smoke test twice after a rollback."]
+TASKS = ["deploy smoke", "release migration rollback", "smoke test canary deploy friday",
+         "naive cafe pipeline", "migration", "two approvals release notes smoke"]
+
+
+def _answer(response) -> list:
+    assert response.status_code == 200, response.text
+    data = response.json()["data"]
+    return [(i["claim_id"], i["score"], i["score_components"]) for i in data["items"]] + [data["conflicts"]]
+
+
+def test_a_compile_over_a_snapshot_priced_elsewhere_answers_as_the_fts5_query(api, monkeypatch):
+    from core import retrieval
+    key = api.key()
+    for statement in STATEMENTS:
+        api.observe(key, content=statement, claim={"statement": statement, "kind": "procedural",
+                                                   "confidence": 0.9})
+    lexical.phrase_count_mode(1)  # this platform's probe, before log() changes
+    with monkeypatch.context() as other:  # an operator's rebuild, on a machine with another libm
+        other.setattr(lexical, "math", _OtherLibm())
+        other.setattr(lexical, "_fingerprint", None)
+        api.rebuild(key)
+        forged = lexical.platform_fingerprint()
+    lexical._STATES.clear()
+    served = []
+    real_top = retrieval.top_candidates
+
+    def spy(db, *args, **kwargs):
+        assert lexical.recorded_fingerprint(db) == forged  # the snapshot says where it was priced
+        got = real_top(db, *args, **kwargs)
+        served.append(got is not None)
+        return got
+
+    monkeypatch.setattr(retrieval, "top_candidates", spy)
+    answers = [_answer(api.compile(key, task)) for task in TASKS]
+    assert served == [False] * len(TASKS)  # never the stored contributions
+    monkeypatch.setattr(retrieval, "top_candidates", lambda *args, **kwargs: None)  # the FTS5 query path
+    assert [_answer(api.compile(key, task)) for task in TASKS] == answers
+    assert any(len(a) > 2 for a in answers)
+
+
+def test_the_next_rebuild_here_prices_again_a_generation_priced_elsewhere(api, monkeypatch):
+    key = api.key()
+    for statement in STATEMENTS[:4]:
+        api.observe(key, content=statement, claim={"statement": statement, "kind": "procedural",
+                                                   "confidence": 0.9})
+    lexical.phrase_count_mode(1)
+    with monkeypatch.context() as other:
+        other.setattr(lexical, "math", _OtherLibm())
+        other.setattr(lexical, "_fingerprint", None)
+        first = api.rebuild(key)
+    builder = api.service.builder("acme")
+    again = builder.rebuild()  # nothing new, but priced elsewhere: a new generation, priced here
+    assert again.published and again.entries_applied == 0 and again.generation == first["generation"] + 1
+    assert again.content_hash == first["content_hash"]
+    assert builder.lexical_stats["mode"] == "incremental" and builder.lexical_stats["lists"] > 0
+    assert not builder.rebuild().published  # priced here now: nothing to do
