@@ -4,7 +4,7 @@
 # (core/lexical.py), ranking and packing -- is run on arm64 too, under
 # qemu-user emulation in an arm64 Debian root.
 #
-#   sudo infra/check-arm64.sh            # ~15 min from nothing, a few minutes after
+#   sudo infra/check-arm64.sh     # 33 min from nothing on 2 shared cores, 10-20 with the root cached
 #
 # Run it after any change under the lexical, ranking or packing code
 # (core/lexical.py, core/retrieval.py, core/planning.py, core/ranking.py,
