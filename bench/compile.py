@@ -184,7 +184,7 @@ def run_size(n: int, workload: dict, *, progress=corpus._log) -> dict:
 def print_tables(results: list[dict], env: dict) -> None:
     print(f"\nIn-process compile, reference workload seed {env['workload_seed']}: max_tokens {env['max_tokens']}, "
           f"{env['tasks']} tasks after {env['warmup_tasks']} warm-up; python {env['python']}, "
-          f"SQLite {env['sqlite']}, {env['cpus']} CPUs, token estimator '{env['token_estimator']}'")
+          f"SQLite {env['sqlite']}, {env['cpus']} CPUs, tokenizer '{env['tokenizer'].split(':')[0]}'")
     head = ("claims", "build s", "(import", "rebuild)", "snap MB", "p50 ms", "p95 ms", "p99 ms", "items",
             "cands", "FTS p50", "FTS p95", "step p95", "p95 ratio", "ref p50/p95/p99 (TS, HTTP)")
     rows = []
