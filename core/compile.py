@@ -34,11 +34,23 @@ from core.tokens import count_tokens
 from core.validation import Fields
 
 def draw_context_hex() -> str:
-    """A ledger entry id for a context run whose ``ctx_…`` id costs 16 to
-    ``CONTEXT_ID_TOKENS`` tokens (core.packing prices the envelope at that)."""
+    """A ledger entry id for a context run whose ``ctx_…`` id costs 15 to
+    ``CONTEXT_ID_TOKENS`` tokens (core.packing prices the envelope at that).
+    Draws are bounded: should 64 all miss (never seen), the cheapest id no
+    dearer than the price is taken, else a new one is drawn until one is."""
+    best = None
+    for _ in range(64):
+        hex_ = entry_hex()
+        cost = count_tokens("ctx_" + hex_)
+        if CONTEXT_ID_MIN_TOKENS <= cost <= CONTEXT_ID_TOKENS:
+            return hex_
+        if cost <= CONTEXT_ID_TOKENS and (best is None or cost > best[0]):
+            best = (cost, hex_)
+    if best is not None:
+        return best[1]
     while True:
         hex_ = entry_hex()
-        if CONTEXT_ID_MIN_TOKENS <= count_tokens("ctx_" + hex_) <= CONTEXT_ID_TOKENS:
+        if count_tokens("ctx_" + hex_) <= CONTEXT_ID_TOKENS:
             return hex_
 
 
@@ -116,7 +128,10 @@ class ItemView:
     conflict_tokens: int = 0
 
     @classmethod
-    def build(cls, row: tuple, evidence: list[tuple[str, str]], disputed: bool) -> "ItemView":
+    def build(cls, row: tuple, evidence: list[tuple[str, str]], disputed: bool,
+              prefix_tokens: int | None = None) -> "ItemView":
+        """``prefix_tokens``: the prefix's count stored at build, when this
+        reader sees the item as every reader does (else it is counted here)."""
         status = row[COL["status"]]
         if status == "disputed" and not disputed:
             status = "active"  # contradicted only by evidence this reader may not see
@@ -129,7 +144,9 @@ class ItemView:
             conflict = {"claim_id": claim_id, "reason": "contradicting_evidence",
                         "evidence_ids": sorted({o for o, r in evidence if r in ("supports", "contradicts")})}
         conflict_json = dumps(conflict) if conflict else None
-        return cls(fields, count_tokens(item_prefix(fields)), conflict, conflict_json,
+        if prefix_tokens is None:
+            prefix_tokens = count_tokens(item_prefix(fields))
+        return cls(fields, prefix_tokens, conflict, conflict_json,
                    count_tokens(conflict_json) if conflict_json else 0)
 
 
@@ -328,7 +345,7 @@ class Compiler:
             if row is None:
                 (row,) = hydrate(snapshot, scope, [facts.rowid])
             evidence = json.loads(row[COL["evidence_json"]])
-            view = ItemView.build(row, [(e[0], e[1]) for e in evidence], disputed)
+            view = ItemView.build(row, [(e[0], e[1]) for e in evidence], disputed, facts.prefix_tokens)
             if len(snapshot.item_views) >= ITEM_VIEW_CACHE:
                 snapshot.item_views.clear()
             snapshot.item_views[claim_id] = view

@@ -23,7 +23,7 @@ from core.service import Service
 
 AT = "2027-03-01T00:00:00Z"
 KINDS = ("semantic_fact", "episodic_event", "preference", "procedural", "decision", "relationship")
-PINNED = "15bbb1917c04b1fb62ed0921894e64468b869cb26cc300bb18a5ba84d2c409fc"
+PINNED = "2c7c4a0e482526fd408a1c1577163326b6b7daec6ec93b43e86bdf37b62e4111"
 
 
 def corpus(n=600, seed=20260817):
