@@ -13,6 +13,7 @@
 | TITEN_EMBED_TIMEOUT_MS | 2000 | how long compile waits for the task's embedding before going lexical |
 | TITEN_REBUILD_FUNCTION | unset | on Lambda: the rebuild function POST /v1/admin/rebuild invokes |
 | TITEN_BODY_TIMEOUT | 10 | seconds for a request body to arrive before a 408 |
+| TITEN_REBUILD_QUEUE_URL | unset | on Lambda: the SQS FIFO queue a write asks its rebuild on (core.rebuild_queue) |
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Settings:
     rebuild_keep_bytes: int = 1 << 30
     body_timeout: float = 10.0
     cache_bytes: int | None = None  # None: 75% of the cache volume (core.snapshot)
+    rebuild_queue_url: str | None = None
 
     @classmethod
     def from_env(cls, *, data_dir: str | None = None, store_url: str | None = None,
@@ -58,7 +60,8 @@ class Settings:
                    embed_timeout_ms=int(env.get("TITEN_EMBED_TIMEOUT_MS") or 2000),
                    rebuild_keep_bytes=int(env.get("TITEN_REBUILD_KEEP_BYTES") or 1 << 30),
                    body_timeout=float(env.get("TITEN_BODY_TIMEOUT") or 10),
-                   cache_bytes=cache_budget(env))
+                   cache_bytes=cache_budget(env),
+                   rebuild_queue_url=env.get("TITEN_REBUILD_QUEUE_URL") or None)
 
 
 def cache_bytes_from_ephemeral(megabytes: int) -> int:

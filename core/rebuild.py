@@ -156,14 +156,19 @@ class SnapshotBuilder:
                 sums = content_hash.decode(self._meta(db, content_hash.META_KEY))
                 row_digests = content_hash.RowDigests(db, sums) if sums is not None else None
                 lexical = LexicalChanges(record=self._has_lexical_index(db))
+                # recorded in the pointer: every entry stored before this
+                # instant is in the generation (core/rebuild_queue.py, core/backlog.py)
+                listed_at = canonical(now_utc())
                 applied = self._apply_new_entries(db, lexical)
                 if row_digests is not None:
                     row_digests.close()
                     sums = row_digests.sums
                 # (a generation whose candidate index another libm priced is
-                # priced again here even with nothing new: core.lexical)
+                # priced again here even with nothing new: core.lexical; a
+                # pointer from before watermarks were published is republished once)
                 if (pointer is not None and applied == 0 and not from_scratch and not force
-                        and self._vectors_current(pointer) and priced_here(recorded_fingerprint(db))):
+                        and self._vectors_current(pointer) and priced_here(recorded_fingerprint(db))
+                        and "watermark" in pointer):
                     if db.total_changes() == 0:
                         # untouched: still exactly the published file, so keep it
                         db.close()
@@ -200,9 +205,11 @@ class SnapshotBuilder:
                                built_at=canonical(now_utc()), claim_count=claim_count,
                                **{content_hash.META_KEY: content_hash.encode(sums)})
                 db.execute("PRAGMA optimize")
+                ledger = {"watermark": self._meta(db, "watermark") or "", "ledger_listed_at": listed_at}
             finally:
                 db.close()
-            key, size, sha = self._publish(work, generation, digest, claim_count, pointer, etag, vector)
+            key, size, sha = self._publish(work, generation, digest, claim_count, pointer, etag, vector,
+                                           ledger)
             self._keep(work, key, sha, size)
             return RebuildResult(self.org_id, generation, True, applied, digest, claim_count, size,
                                  time.monotonic() - started, key, tuple(self.notes))
@@ -387,7 +394,8 @@ class SnapshotBuilder:
         return {"fingerprint": self.embedder.fingerprint.key(), "layout": INDEX_LAYOUT, "status": status}
 
     def _publish(self, work: str, generation: int, digest: str, claim_count: int,
-                 pointer: dict | None, etag: str | None, vector: dict | None = None) -> tuple[str, int, str]:
+                 pointer: dict | None, etag: str | None, vector: dict | None = None,
+                 ledger: dict | None = None) -> tuple[str, int, str]:
         size = os.path.getsize(work)
         key = f"orgs/{self.org_id}/snapshots/{generation:012d}-{secrets.token_hex(4)}.sqlite"
         self.progress(f"{self.org_id}: uploading generation {generation} ({size} bytes)")
@@ -402,6 +410,10 @@ class SnapshotBuilder:
                   "published_at": canonical(now_utc()), "history": history}
         if vector is not None:
             record["vector"] = vector
+        if ledger is not None:
+            # the last ledger entry applied, and when the ledger was listed:
+            # enough to tell, without the snapshot, whether anything is new
+            record.update(ledger)
         body = json.dumps(record, indent=1).encode()
         try:
             if self.before_publish:
@@ -624,6 +636,7 @@ def rollback(store: Store, org_id: str, generation: int) -> dict:
         db = apsw.Connection(work, flags=apsw.SQLITE_OPEN_READONLY)
         digest = db.execute("SELECT value FROM meta WHERE key='content_hash'").fetchone()[0]
         claims = int(db.execute("SELECT value FROM meta WHERE key='claim_count'").fetchone()[0])
+        watermark = (db.execute("SELECT value FROM meta WHERE key='watermark'").fetchone() or ("",))[0]
         db.close()
     finally:
         if os.path.exists(work):
@@ -634,6 +647,7 @@ def rollback(store: Store, org_id: str, generation: int) -> dict:
     record = {"org_id": org_id, "generation": new_generation, "snapshot_key": target["snapshot_key"],
               "sha256": target["sha256"], "bytes": size, "content_hash": digest,
               "claim_count": claims, "published_at": canonical(now_utc()), "rolled_back_to": generation,
+              "watermark": watermark,
               "history": history}
     store.compare_and_swap(pointer_key(org_id), json.dumps(record, indent=1).encode(), etag)
     return {"org_id": org_id, "generation": new_generation, "serving": generation}

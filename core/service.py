@@ -3,7 +3,9 @@
 Built once per process (module level on Lambda, at start-up for ``titen
 serve``) and shared by the HTTP app and the CLI. With ``auto_rebuild`` (the
 local mode) a write schedules an in-process rebuild of its organization a
-moment later, so a write is compile-visible within about a second.
+moment later, so a write is compile-visible within about a second. With a
+rebuild queue (``TITEN_REBUILD_QUEUE_URL``, on Lambda) a write instead sends
+its organization's rebuild request to that queue (``core.rebuild_queue``).
 """
 
 from __future__ import annotations
@@ -57,7 +59,12 @@ class Service:
         self.reader = SnapshotReader(self.store, settings.cache_dir, settings.snapshot_ttl, settings.max_orgs,
                                      on_open=on_open, max_bytes=settings.cache_bytes)
         self.auto_rebuild = auto_rebuild
-        on_write = self._schedule_rebuild if auto_rebuild else None
+        self.rebuild_queue = None
+        if settings.rebuild_queue_url and not auto_rebuild:
+            from core.rebuild_queue import RebuildQueue
+            self.rebuild_queue = RebuildQueue(settings.rebuild_queue_url)
+        on_write = (self._schedule_rebuild if auto_rebuild
+                    else self.rebuild_queue.request if self.rebuild_queue else None)
         self.writes = Writes(self.store, self.reader, on_write)
         self.compiler = Compiler(self.ledger, self.reader, self.vector_state, self.vectors)
         self.feedback = FeedbackDesk(self.ledger, self.compiler, on_write)

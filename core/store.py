@@ -59,8 +59,11 @@ class Store(abc.ABC):
         """``None`` when the object's ETag equals ``etag``; else as ``get``."""
 
     @abc.abstractmethod
-    def list_keys(self, prefix: str, start_after: str | None = None) -> Iterator[str]:
-        """Keys under ``prefix`` in byte order, strictly after ``start_after``."""
+    def list_keys(self, prefix: str, start_after: str | None = None, *,
+                  page_size: int | None = None) -> Iterator[str]:
+        """Keys under ``prefix`` in byte order, strictly after ``start_after``.
+        ``page_size`` asks the backend for that many keys per round trip (S3
+        ``MaxKeys``), for a caller that expects to stop after a few."""
 
     @abc.abstractmethod
     def list_modified(self, prefix: str) -> Iterator[tuple[str, float]]:

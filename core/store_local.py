@@ -122,7 +122,8 @@ class LocalStore(Store):
         obj = self.get(key)
         return None if etag is not None and obj.etag == etag else obj
 
-    def list_keys(self, prefix: str, start_after: str | None = None) -> Iterator[str]:
+    def list_keys(self, prefix: str, start_after: str | None = None, *,
+                  page_size: int | None = None) -> Iterator[str]:
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         top = os.path.join(self.root, *base.split("/")) if base else self.root
         found: list[str] = []

@@ -178,10 +178,13 @@ class S3Store(Store):
             raise self._fail(e, "GetObject", key) from None
         return StoredObject(key, body, resp["ETag"])
 
-    def list_keys(self, prefix: str, start_after: str | None = None) -> Iterator[str]:
+    def list_keys(self, prefix: str, start_after: str | None = None, *,
+                  page_size: int | None = None) -> Iterator[str]:
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._full_prefix(prefix)}
         if start_after is not None:
             kwargs["StartAfter"] = self._full_prefix(start_after)
+        if page_size is not None:
+            kwargs["PaginationConfig"] = {"PageSize": page_size}
         try:
             for page in self.client.get_paginator("list_objects_v2").paginate(**kwargs):
                 for item in page.get("Contents", ()):

@@ -288,11 +288,11 @@ def test_a_failing_organization_does_not_stop_the_others_but_fails_the_invocatio
         def __getattr__(self, name):
             return getattr(real_store, name)
 
-        def list_keys(self, prefix, start_after=None):
+        def list_keys(self, prefix, start_after=None, **kw):
             if prefix.startswith("orgs/broken/"):
                 from core.store import StoreError
                 raise StoreError("S3 ListObjectsV2 failed: SlowDown")
-            return real_store.list_keys(prefix, start_after)
+            return real_store.list_keys(prefix, start_after, **kw)
 
     lam.rebuild.service.store = BrokenLedgerForOneOrg()
     capsys.readouterr()

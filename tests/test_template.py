@@ -29,6 +29,7 @@ from conftest import ALL_SCOPES, Api
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE_PATH = ROOT / "template.yaml"
 BUCKET_ARN = "arn:aws:s3:::titen-bucket"
+QUEUE_ARN = "arn:aws:sqs:us-east-1:123456789012:titen-rebuild.fifo"
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +81,14 @@ def test_functions_load_their_dependencies_from_an_arm64_python312_layer(templat
         assert {"Ref": "DependenciesLayer"} in function(template, name)["Layers"]
 
 
-def test_rebuild_function_has_reserved_concurrency_one(template):
-    assert function(template, "RebuildFunction")["ReservedConcurrentExecutions"] == 1
-    assert "ReservedConcurrentExecutions" not in function(template, "ApiFunction")
+def test_rebuilds_run_in_parallel_bounded_by_the_queue_mapping(template):
+    # one writer per organization comes from the FIFO group, not from a
+    # concurrency of 1 (docs/operations.md)
+    for name in ("ApiFunction", "RebuildFunction"):
+        assert "ReservedConcurrentExecutions" not in function(template, name)
+    scaling = resource(template, "RebuildQueueMapping")["Properties"]["ScalingConfig"]
+    assert scaling == {"MaximumConcurrency": {"Ref": "RebuildMaxConcurrency"}}
+    assert template["Parameters"]["RebuildMaxConcurrency"]["Default"] > 1
 
 
 def test_api_timeout_fits_the_http_api_integration_limit_and_rebuild_has_fifteen_minutes(template):
@@ -107,10 +113,12 @@ def test_rebuild_schedule_is_a_parameter_defaulting_to_five_minutes(template):
     assert template["Parameters"]["RebuildSchedule"]["Default"] == "rate(5 minutes)"
 
 
-def test_environment_points_both_functions_at_the_bucket(template):
+def test_environment_points_both_functions_at_the_bucket_and_the_rebuild_queue(template):
     env = template["Globals"]["Function"]["Environment"]["Variables"]
     assert env["TITEN_STORE"] == {"Fn::Sub": "s3://${DataBucket}/"}
+    assert env["TITEN_REBUILD_QUEUE_URL"] == {"Ref": "RebuildQueue"}
     assert env["TITEN_SNAPSHOT_TTL"] == {"Ref": "SnapshotTtlSeconds"}
+    assert template["Parameters"]["SnapshotTtlSeconds"]["Default"] == 1
     assert env["TITEN_EMBEDDER"]["Fn::If"][2] == {"Ref": "Embedder"}
     assert template["Parameters"]["Embedder"]["Default"] == ""
     assert function(template, "ApiFunction")["EphemeralStorage"] == {"Size": {"Ref": "EphemeralStorageSize"}}
@@ -155,6 +163,8 @@ def _resolve(value) -> str:
     if "Fn::GetAtt" in value:
         if list(value["Fn::GetAtt"]) == ["RebuildFunction", "Arn"]:
             return "arn:aws:lambda:us-east-1:123456789012:function:titen-rebuild"
+        if list(value["Fn::GetAtt"]) == ["RebuildQueue", "Arn"]:
+            return QUEUE_ARN
         assert list(value["Fn::GetAtt"]) == ["DataBucket", "Arn"], value
         return BUCKET_ARN
     if "Fn::Sub" in value:
@@ -183,8 +193,8 @@ def _statements(template, name, bedrock=False):
     return statements
 
 
-def allowed(template, name, action, key=None) -> bool:
-    arn = BUCKET_ARN if key is None else f"{BUCKET_ARN}/{key}"
+def allowed(template, name, action, key=None, arn=None) -> bool:
+    arn = arn or (BUCKET_ARN if key is None else f"{BUCKET_ARN}/{key}")
     return any(any(fnmatchcase(action.lower(), a) for a in actions) and any(fnmatchcase(arn, r) for r in resources)
                for actions, resources in _statements(template, name))
 
@@ -221,9 +231,9 @@ class RecordingStore(Store):
             self.misses.append(key)
             raise
 
-    def list_keys(self, prefix, start_after=None):
+    def list_keys(self, prefix, start_after=None, **kw):
         self.calls.append(("s3:ListBucket", None))
-        return self.inner.list_keys(prefix, start_after)
+        return self.inner.list_keys(prefix, start_after, **kw)
 
     def list_modified(self, prefix):
         self.calls.append(("s3:ListBucket", None))
@@ -375,3 +385,101 @@ def test_the_bedrock_parameter_sets_the_embedder(template):
     assert condition == "UseBedrockEmbedder"
     assert when_true == {"Fn::Sub": "bedrock:${BedrockEmbeddingModel}:${BedrockEmbeddingDimensions}"}
     assert when_false == {"Ref": "Embedder"}
+
+
+# -- the rebuild queue ------------------------------------------------------------------
+
+# What the event source mapping does with the function's role (AWS Lambda
+# docs, "Using Lambda with Amazon SQS": the execution role needs these).
+EVENT_SOURCE_MAPPING_ACTIONS = ("sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes")
+
+
+@pytest.fixture
+def recorded_sqs_actions(tmp_path, monkeypatch):
+    """The SQS actions the API's write path and the schedule's enqueue make,
+    recorded from the botocore calls against a moto queue."""
+    import boto3
+    from moto import mock_aws
+
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    with mock_aws():
+        url = boto3.client("sqs").create_queue(QueueName="titen-rebuild.fifo",
+                                                Attributes={"FifoQueue": "true"})["QueueUrl"]
+        settings = Settings.from_env(data_dir=str(tmp_path / "store"),
+                                     env={"TITEN_SNAPSHOT_TTL": "0", "TITEN_REBUILD_QUEUE_URL": url})
+        service = Service(settings)
+        calls: list[str] = []
+        service.rebuild_queue.client.meta.events.register(
+            "before-call.sqs", lambda model, **kw: calls.append(f"sqs:{model.name}"))
+        api = Api(service)
+        key = api.key("acme", "alice", ALL_SCOPES)
+        api.observe(key, content="Smoke run returned 200.")
+        api_calls = list(calls)
+        calls.clear()
+        service.rebuild_queue.request("acme")  # what the scheduled run sends for a due organization
+        yield {"api": api_calls, "schedule": list(calls)}
+
+
+def test_api_role_allows_every_sqs_call_a_write_makes_and_nothing_else(template, recorded_sqs_actions):
+    assert recorded_sqs_actions["api"] == ["sqs:SendMessage"]
+    assert all(allowed(template, "ApiFunction", a, arn=QUEUE_ARN) for a in recorded_sqs_actions["api"])
+    for action in EVENT_SOURCE_MAPPING_ACTIONS + ("sqs:PurgeQueue", "sqs:SetQueueAttributes"):
+        assert not allowed(template, "ApiFunction", action, arn=QUEUE_ARN), action
+
+
+def test_rebuild_role_allows_the_queue_mapping_and_the_schedule_and_nothing_else(template, recorded_sqs_actions):
+    for action in EVENT_SOURCE_MAPPING_ACTIONS + tuple(recorded_sqs_actions["schedule"]):
+        assert allowed(template, "RebuildFunction", action, arn=QUEUE_ARN), action
+    assert not allowed(template, "RebuildFunction", "sqs:PurgeQueue", arn=QUEUE_ARN)
+    other_queue = QUEUE_ARN.replace("titen-rebuild", "someone-else")
+    for action in EVENT_SOURCE_MAPPING_ACTIONS:
+        assert not allowed(template, "RebuildFunction", action, arn=other_queue), action
+
+
+def test_no_sam_sqs_event_attaches_a_managed_policy_on_every_queue(template):
+    for name in ("ApiFunction", "RebuildFunction"):
+        assert all(e["Type"] != "SQS" for e in function(template, name)["Events"].values())
+    mapping = resource(template, "RebuildQueueMapping")
+    assert mapping["Type"] == "AWS::Lambda::EventSourceMapping"
+
+
+def test_the_queue_mapping_feeds_the_rebuild_function_with_partial_batch_responses(template):
+    props = resource(template, "RebuildQueueMapping")["Properties"]
+    assert props["EventSourceArn"] == {"Fn::GetAtt": ["RebuildQueue", "Arn"]}
+    assert props["FunctionName"] == {"Ref": "RebuildFunction"}
+    assert props["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    assert 1 <= props["BatchSize"] <= 10  # the FIFO limit
+
+
+def test_the_rebuild_queue_is_fifo_with_a_fifo_dead_letter_queue(template):
+    queue = resource(template, "RebuildQueue")["Properties"]
+    dead = resource(template, "RebuildDeadLetterQueue")["Properties"]
+    assert queue["FifoQueue"] is True and dead["FifoQueue"] is True
+    assert queue["ContentBasedDeduplication"] is False  # the sender sets organization + time bucket
+    assert queue["RedrivePolicy"] == {"deadLetterTargetArn": {"Fn::GetAtt": ["RebuildDeadLetterQueue", "Arn"]},
+                                      "maxReceiveCount": {"Ref": "RebuildMaxReceiveCount"}}
+    # Lambda refuses a mapping whose queue hides a message for less than the function may run
+    assert queue["VisibilityTimeout"] >= function(template, "RebuildFunction")["Timeout"]
+
+
+@pytest.mark.parametrize("alarm, metric, queue", [
+    ("RebuildDeadLetterAlarm", "ApproximateNumberOfMessagesVisible", "RebuildDeadLetterQueue"),
+    ("RebuildQueueAgeAlarm", "ApproximateAgeOfOldestMessage", "RebuildQueue"),
+])
+def test_alarms_watch_the_dead_letter_depth_and_the_queue_age(template, alarm, metric, queue):
+    props = resource(template, alarm)["Properties"]
+    assert props["Namespace"] == "AWS/SQS" and props["MetricName"] == metric
+    assert props["Dimensions"] == [{"Name": "QueueName", "Value": {"Fn::GetAtt": [queue, "QueueName"]}}]
+    assert props["ComparisonOperator"] == "GreaterThanThreshold"
+
+
+def test_failed_rebuild_requests_are_counted_from_the_api_log(template):
+    from core.rebuild_queue import log as queue_log  # noqa: F401  (the logger the filter reads)
+    props = resource(template, "RebuildRequestFailuresMetric")["Properties"]
+    assert props["LogGroupName"] == {"Ref": "ApiLogGroup"}
+    source = (ROOT / "core" / "rebuild_queue.py").read_text()
+    # every term of the filter pattern occurs in the line the code logs
+    for term in ("rebuild request for", "not sent"):
+        assert f'"{term}"' in props["FilterPattern"] and term in source
