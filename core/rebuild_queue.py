@@ -16,10 +16,13 @@ is an SQS FIFO queue, and the rules are:
   seen in the last five minutes, so a burst of writes yields at most one
   message per organization per bucket. A write folded into an earlier
   message must still be applied: the message carries the end of its bucket
-  (``not_before``), and the consumer starts the rebuild's ledger listing only
-  after ``not_before + CLOCK_MARGIN_SECONDS`` (``wait_for_bucket``). Every
-  write of the bucket was in the ledger before its enqueue, so that listing
-  sees it. The rebuild reads the ledger, never the message.
+  (``not_before``). The consumer rebuilds at once (so the write that sent
+  the message is visible without waiting); if that rebuild listed the ledger
+  before ``not_before + CLOCK_MARGIN_SECONDS``, it waits for that instant
+  (``wait_for_bucket``) and rebuilds once more, still holding the message
+  (and so its group). Every write of the bucket was in the ledger before its
+  enqueue, so the later listing sees it. The rebuild reads the ledger, never
+  the message.
 - **A message already covered is acknowledged without work**: the pointer
   records when its generation's ledger listing started
   (``ledger_listed_at``); a message whose bucket ended before that (with the
@@ -29,12 +32,14 @@ is an SQS FIFO queue, and the rules are:
   whose ledger holds entries past its published watermark. A failure is
   logged as one line and counted (``failures``).
 
-One second: a burst of writes costs at most one message (and, with the
-consumer's batching, far fewer rebuilds) per second per organization, while a
-lone write waits on average half a second, at most one, for its bucket to
-close — a small part of the 3 s freshness target. A longer bucket saves
-nothing a rebuild is not already saving (messages arriving during a rebuild
-are covered by the next one) and adds its length to every write's latency.
+One second: a burst of writes costs at most one message per second per
+organization (and, since the consumer acknowledges covered requests without
+work, about one rebuild per rebuild-duration), while the follow-up rebuild a
+folded write may need comes at most 1.25 s after its bucket opened. A longer
+bucket saves nothing the rebuild is not already saving (requests arriving
+during a rebuild are covered by the next one) and delays those folded writes
+by its length; a shorter one sends more messages for no gain in latency
+(a lone write is rebuilt at once either way).
 """
 
 from __future__ import annotations
