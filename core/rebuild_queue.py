@@ -114,6 +114,41 @@ def covered(pointer: dict | None, not_before: float) -> bool:
     return parse_instant(listed_at).timestamp() >= not_before + CLOCK_MARGIN_SECONDS
 
 
+def serve_request(store, org_id: str, not_before: float, rebuild) -> dict:
+    """One organization's queued request, given ``rebuild()`` (runs the
+    organization's rebuild, returns its log line with a ``status``):
+
+    - ``covered`` when the serving generation already holds it (no rebuild);
+    - otherwise rebuilt at once — the write that sent it becomes visible
+      without waiting — and, when that rebuild listed the ledger before the
+      request's bucket closed, rebuilt once more after it closed, for writes
+      folded into the request meanwhile;
+    - ``failed`` (the message is retried) when a rebuild failed, or when a
+      rival publisher won with a listing older than the bucket's end.
+    """
+    from core.rebuild import read_pointer
+
+    pointer, _ = read_pointer(store, org_id)
+    if covered(pointer, not_before):
+        return {"status": "covered", "generation": pointer["generation"], "published": False}
+    line = rebuild()
+    if line["status"] in ("published", "unchanged", "conflict"):
+        pointer, _ = read_pointer(store, org_id)
+        if not covered(pointer, not_before):
+            waited = wait_for_bucket(not_before)
+            again = rebuild()
+            if again["status"] == "unchanged":  # nothing was folded in meanwhile
+                line = {**line, "follow_up": "unchanged"}
+            else:
+                line = {**again, "first": {k: line.get(k) for k in ("status", "generation", "entries_applied")}}
+            line["waited_seconds"] = round(waited, 3)
+    if line["status"] == "conflict":
+        pointer, _ = read_pointer(store, org_id)
+        if not covered(pointer, not_before):
+            line = {**line, "status": "failed", "error": "a rival rebuild published an older listing; retried"}
+    return line
+
+
 class RebuildQueue:
     """Sends rebuild requests to one SQS FIFO queue."""
 

@@ -139,7 +139,8 @@ class Service:
 
     def _rebuild_remotely(self, org_id: str, from_scratch: bool) -> RebuildResult:
         """On Lambda the API may not write snapshots (least privilege): it asks
-        the rebuild function, whose reserved concurrency of 1 serializes it."""
+        the rebuild function (the pointer's compare-and-swap settles a race
+        with a queued rebuild of the same organization: 409)."""
         import boto3
 
         client = boto3.client("lambda")

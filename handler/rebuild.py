@@ -51,7 +51,7 @@ from core.backlog import backlog
 from core.config import Settings
 from core.keys import ORG_ID
 from core.rebuild import RebuildConflict, read_pointer
-from core.rebuild_queue import RebuildRequestInvalid, covered, parse_request, wait_for_bucket
+from core.rebuild_queue import RebuildRequestInvalid, parse_request, serve_request
 from core.service import Service
 
 # Start no new organization with less than this much of the invocation left:
@@ -124,34 +124,6 @@ def _is_sqs(event) -> bool:
         isinstance(r, dict) and r.get("eventSource") == "aws:sqs" for r in records)
 
 
-def serve_request(org_id: str, not_before: float) -> dict:
-    """One organization's queued request. Acknowledged at once when the
-    serving generation covers it; otherwise rebuilt at once (the write that
-    sent it becomes visible without waiting), and — when that rebuild listed
-    the ledger before the request's time bucket closed — rebuilt once more
-    after it closed, for the writes folded into the request meanwhile."""
-    pointer, _ = read_pointer(service.store, org_id)
-    if covered(pointer, not_before):
-        return _line(org_id, "covered", pointer["generation"])
-    line = rebuild_one(org_id, False)
-    if line["status"] in ("published", "unchanged", "conflict"):
-        pointer, _ = read_pointer(service.store, org_id)
-        if not covered(pointer, not_before):
-            waited = wait_for_bucket(not_before)
-            again = rebuild_one(org_id, False)
-            if again["status"] == "unchanged":  # nothing was folded in meanwhile
-                line = {**line, "follow_up": "unchanged"}
-            else:
-                line = {**again, "first": {k: line[k] for k in ("status", "generation", "entries_applied")}}
-            line["waited_seconds"] = round(waited, 3)
-    if line["status"] == "conflict":
-        # another rebuild published first: enough if it listed the ledger late enough
-        pointer, _ = read_pointer(service.store, org_id)
-        if not covered(pointer, not_before):
-            line["status"], line["error"] = "failed", "a rival rebuild published an older listing; retried"
-    return line
-
-
 def consume(event, context) -> dict:
     requests: dict[str, tuple[list[str], float]] = {}
     for record in event["Records"]:
@@ -169,7 +141,9 @@ def consume(event, context) -> dict:
         if _remaining_ms(context) < TIME_MARGIN_MS:
             line = _line(org_id, "deferred", None)
         else:
-            line = serve_request(org_id, not_before)
+            line = serve_request(service.store, org_id, not_before, lambda: rebuild_one(org_id, False))
+            if line["status"] == "covered":
+                line = _line(org_id, "covered", line["generation"])
         line["messages"] = len(ids)
         _log(line)
         if line["status"] in ("failed", "deferred"):

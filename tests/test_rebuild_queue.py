@@ -462,3 +462,14 @@ def test_compiles_within_the_ttl_make_no_s3_call_and_one_after_it_makes_one_cond
     compile_items(lam, "deploy smoke")
     assert [c[0] for c in calls if c[1].endswith("current.json")] == ["GetObject"]
     assert not [c for c in calls if c[1].endswith(".sqlite")]  # unchanged: not downloaded again
+
+
+def test_a_message_that_is_not_a_rebuild_request_is_dropped_not_retried(lam, capsys):
+    observe(lam, "Deploy smoke checks must pass before a release is promoted.")
+    evt = _event("sqs-rebuild.json")
+    evt["Records"][1]["body"] = '{"org_id": "../../etc", "not_before": "2026-01-01T00:00:01Z"}'
+    capsys.readouterr()
+    assert lam.rebuild.handler(evt, LambdaContext()) == {"batchItemFailures": []}
+    lines = rebuild_lines(capsys)
+    assert [line["status"] for line in lines if "message_id" in line] == ["rejected"]
+    assert read_pointer(lam.store, "demo")[0]["generation"] == 1
