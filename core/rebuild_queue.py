@@ -49,6 +49,7 @@ import logging
 import threading
 import time
 
+from core.errors import ValidationError
 from core.instants import canonical, from_ms, parse_instant
 
 BUCKET_SECONDS = 1.0
@@ -76,7 +77,7 @@ def message_for(org_id: str, now: float | None = None) -> dict:
             "MessageGroupId": org_id, "MessageDeduplicationId": f"{org_id}-{bucket}"}
 
 
-class RebuildRequestInvalid(Exception):
+class RebuildRequestInvalid(ValidationError):
     """A queue message that is not a rebuild request (it is never retried)."""
 
 
@@ -154,22 +155,27 @@ class RebuildQueue:
 
     def __init__(self, queue_url: str, client=None):
         self.queue_url = queue_url
-        self._client = client
+        # created here, at start-up (the Lambda init phase), not on the first write
+        self.client = client if client is not None else self._make_client(queue_url)
         self._lock = threading.Lock()
         self.sent = 0
         self.failures = 0
 
-    @property
-    def client(self):
-        if self._client is None:
-            import boto3
-            from botocore.config import Config
+    @staticmethod
+    def _make_client(queue_url: str):
+        import os
+        import re
 
-            # A write waits for this call: short timeouts, few retries; the
-            # schedule catches anything that does not get through.
-            self._client = boto3.client("sqs", config=Config(
-                connect_timeout=1, read_timeout=2, retries={"mode": "standard", "max_attempts": 2}))
-        return self._client
+        import boto3
+        from botocore.config import Config
+
+        found = re.match(r"https://sqs\.([a-z0-9-]+)\.", queue_url)
+        region = (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+                  or (found.group(1) if found else None))
+        # A write waits for this call: short timeouts, few retries; the
+        # schedule catches anything that does not get through.
+        return boto3.client("sqs", region_name=region, config=Config(
+            connect_timeout=1, read_timeout=2, retries={"mode": "standard", "max_attempts": 2}))
 
     def request(self, org_id: str) -> bool:
         """Ask for ``org_id``'s rebuild. Never raises: True when sent."""
