@@ -10,6 +10,7 @@ the traceback goes to the log, never to the caller.
 from __future__ import annotations
 
 import json
+import sys
 import logging
 from dataclasses import dataclass
 from typing import Awaitable, Callable
@@ -212,7 +213,17 @@ def mcp_error(status: int, body: dict, request_id: str) -> Response:
     return response
 
 
+# Every token count releases the GIL (tiktoken encodes outside it), and a
+# thread that then wants it back waits for whoever took it to yield: up to
+# the interpreter's switch interval, 5 ms by default. With route work on
+# the thread pool and the local rebuild beside it, that wait, not the count,
+# was most of what exact counting cost a compile over HTTP (bench/README.md,
+# "The GIL switch interval"). The serving process yields every 0.2 ms.
+GIL_SWITCH_INTERVAL_S = 0.0002
+
+
 def create_app(service: Service) -> Starlette:
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     @endpoint(service, auth=False, inline=True)
     def healthz(request, principal, body):
         return 200, {"status": "ok"}, {}
