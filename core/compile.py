@@ -3,7 +3,7 @@
 This module wires the five named steps together; the steps themselves live
 where their rule lives (``retrieval`` for the scoped SQL, ``planning``,
 ``ranking`` and ``packing`` as pure functions). It also records every run in
-the ledger *before* answering (DESIGN §5 step 7) — the task's sha256, never
+the ledger *before* answering (docs/api.md §9.8) — the task's sha256, never
 the task — so feedback can be checked against the pack at once, and serves
 stored packs back to the principal that compiled them.
 """

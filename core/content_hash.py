@@ -1,7 +1,7 @@
 """The canonical content hash of a snapshot, kept up to date row by row.
 
 The hash proves that an incremental build and a replay of the whole ledger
-reached the same canonical content (DESIGN §2), so it must not depend on the
+reached the same canonical content (docs/architecture.md, "Snapshots are derived"), so it must not depend on the
 path taken — and an incremental build must not pay for re-reading every row.
 It is therefore a multiset hash: per canonical table, the sum modulo 2**256
 of sha256 over each row's canonical JSON; the content hash is sha256 over

@@ -1,4 +1,4 @@
-"""The vocabulary of the memory model (DESIGN §3–4) and its ordering rules."""
+"""The vocabulary of the memory model (docs/api.md §4–6) and its ordering rules."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ Chosen by measurement (docs/architecture.md, "The edge"): uvicorn with the
 together with ``Transfer-Encoding`` (a request-smuggling shape that h11
 accepts) and a malformed ``Content-Length``, and answers ``/healthz``
 about 0.1 ms faster per request on loopback. Its protocol-error answer is
-replaced here by the JSON envelope (DESIGN-level rule: every response from
+replaced here by the JSON envelope (docs/api.md §3: every response from
 the service carries it where the server allows). The app keeps its own
 checks too (``core.http.read_body``), for any server and for Lambda.
 

@@ -1,7 +1,7 @@
 """The one error hierarchy of the service, mapped once to the HTTP envelope.
 
 Every failure a caller can see is a ``TitenError`` with a stable ``code`` and
-HTTP ``status`` (DESIGN §4). Anything else that escapes becomes ``INTERNAL``
+HTTP ``status`` (docs/api.md §3). Anything else that escapes becomes ``INTERNAL``
 with a generic message: no stack trace or SQL ever reaches a response.
 """
 

@@ -1,4 +1,4 @@
-"""The HTTP API (DESIGN §4): one Starlette app for ``titen serve`` and Lambda.
+"""The HTTP API (docs/api.md): one Starlette app for ``titen serve`` and Lambda.
 
 Every route goes through ``endpoint``: it assigns the request id, enforces
 the body rules, authenticates, runs the command and wraps the answer in the

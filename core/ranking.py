@@ -1,4 +1,4 @@
-"""Ranking: five components, weighted, times confidence (DESIGN §5 step 4).
+"""Ranking: five components, weighted, times confidence (docs/api.md §9.4).
 
 Pure, no I/O. Each component is in [0, 1]:
 

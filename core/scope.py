@@ -1,6 +1,6 @@
 """Who may read what: the visibility rule, as SQL and as a plain check.
 
-DESIGN §3: ``private`` records are read only by the principal that wrote
+docs/api.md §6: ``private`` records are read only by the principal that wrote
 them, ``team`` records by principals whose key lists the record's
 workspace, ``organization`` records by everyone in the organization. The
 SQL form is embedded *inside* candidate and lookup queries, so a record the

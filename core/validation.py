@@ -1,6 +1,6 @@
 """Edge validation: the rules every request body obeys before anything runs.
 
-DESIGN §4: bodies over 1 MiB, JSON nested deeper than 64, ill-formed Unicode
+docs/api.md §4: bodies over 1 MiB, JSON nested deeper than 64, ill-formed Unicode
 and terminal or bidirectional control characters in text are rejected with a
 clear message (tab and line feed are allowed). The ``Fields`` reader then
 checks one object's fields by name, type and range, and rejects unknown

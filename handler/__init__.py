@@ -1,4 +1,4 @@
-"""Thin AWS Lambda entry points (DESIGN §6).
+"""Thin AWS Lambda entry points (docs/architecture.md; the Lambda notes in docs/operations.md).
 
 ``handler.api.handler`` serves the HTTP API (API Gateway HTTP API, payload
 format 2.0) through Mangum; ``handler.rebuild.handler`` is the scheduled
