@@ -47,7 +47,6 @@ import http.client  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import signal  # noqa: E402
-import socket  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
@@ -55,6 +54,7 @@ from pathlib import Path  # noqa: E402
 
 from bench import corpus  # noqa: E402
 from bench.compile import REFERENCE, percentile, summary_ms  # noqa: E402
+from bench.served import free_port, rss_mib as proc_status  # noqa: E402
 
 TITEN = str(corpus.ROOT / ".venv" / "bin" / "titen")
 RESULTS_FILE = corpus.RESULTS_DIR / "compile-http.json"
@@ -63,22 +63,6 @@ OPTIONAL_SIZES = (100000, 342000)  # added by default when already built (1M: --
 TARGET_P95_MS = {1000: 3.0, 10000: 8.0, 50000: 25.0}
 TARGET_RATIO = 1.5       # HTTP compile p95 / bare FTS5 query p95, at >= 50k
 TARGET_RSS_MIB = 100.0   # peak server RSS at 50k
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def proc_status(pid: int) -> dict:
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(("VmHWM:", "VmRSS:")):
-                key, value = line.split(":", 1)
-                out[key] = round(int(value.split()[0]) / 1024, 1)  # kB → MiB
-    return out
 
 
 def wait_ready(port: int, server: subprocess.Popen, timeout: float = 600.0) -> float:
