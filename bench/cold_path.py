@@ -10,7 +10,7 @@ Two fresh interpreters, because one cannot measure both honestly:
 2. **first invocation** -- a second fresh interpreter starts moto (mock_aws, in
    process, with the same lock tests/conftest.py uses), builds an organization
    of `--claims` claims in the mocked bucket exactly as `titen import` +
-   the RebuildFunction would (core.importer.import_file from the reference
+   the RebuildFunction would (core.writes.importer.import_file from the reference
    corpus, then SnapshotBuilder.rebuild), creates a key, then imports
    handler.api and sends it infra/events/compile.json (task and subject from
    the reference workload) through `handler.api.handler`: the first request of
@@ -33,7 +33,7 @@ For each size the organization is built or reused under ``bench/.data/n<n>``
 (``bench/corpus.py``; the CLI-built stores of ``bench/load.py`` are reused),
 a ``context:compile`` key is created, and then ``--runs`` fresh interpreters
 (``-X importtime`` off, a NEW empty ``TITEN_CACHE_DIR`` each) each do, timed
-from their first line: import ``core.http`` and ``core.service`` (starlette,
+from their first line: import ``core.api.app`` and ``core.service`` (starlette,
 apsw, the handler.api-equivalent modules), build the ``Service`` and the ASGI
 app, and send one ``POST /v1/context/compile`` straight into the ASGI app
 (no socket), split into key lookup, snapshot pointer, snapshot fetch (copy
@@ -117,7 +117,7 @@ if sys.argv[1] == "split":
     import apsw; marks.append(("apsw", time.perf_counter()))
     import starlette.applications, starlette.routing; marks.append(("starlette", time.perf_counter()))
     import mangum; marks.append(("mangum", time.perf_counter()))
-    import core.http, core.service; marks.append(("core", time.perf_counter()))
+    import core.api.app, core.service; marks.append(("core", time.perf_counter()))
 import handler.api
 marks.append(("handler.api (Service, S3 client, app)", time.perf_counter()))
 print(json.dumps({name: (t - marks[i][1]) * 1000 for i, (name, t) in enumerate(marks[1:])}))
@@ -156,10 +156,11 @@ def first_invocation(args) -> dict:
     report: dict = {"claims": args.claims}
     with mock_aws(), tempfile.TemporaryDirectory() as work:
         boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
-        from core.importer import import_file
+        from core.writes.importer import import_file
         from core.keys import KeyRing, Principal
-        from core.rebuild import SnapshotBuilder, read_pointer
-        from core.store import open_store
+        from core.snapshot.build import SnapshotBuilder
+        from core.snapshot.pointer import read_pointer
+        from core.storage import open_store
 
         store = open_store(os.environ["TITEN_STORE"])
         ndjson = Path(work) / "observations.ndjson"
@@ -183,7 +184,7 @@ def first_invocation(args) -> dict:
         import handler.api as api
         report["import_handler_api_in_this_process_ms"] = (time.perf_counter() - t) * 1000
 
-        import core.snapshot as snapshot_module
+        import core.snapshot.reader as snapshot_module
 
         spans: dict[str, float] = {}
 
@@ -248,9 +249,9 @@ def local_child(args) -> dict:
     marks["imports"] = (time.perf_counter() - t_start) * 1000
     import asyncio
 
-    import core.snapshot as snapshot_module
+    import core.snapshot.reader as snapshot_module
     from core.config import Settings
-    from core.http import create_app
+    from core.api.app import create_app
     from core.service import Service
 
     t = time.perf_counter()
@@ -330,7 +331,7 @@ def local_child(args) -> dict:
 
 
 LOCAL_PHASES = (
-    ("imports (fresh interpreter: core.http, core.service, starlette, apsw)", lambda c: c["marks_ms"]["imports"]),
+    ("imports (fresh interpreter: core.api.app, core.service, starlette, apsw)", lambda c: c["marks_ms"]["imports"]),
     ("Service + ASGI app", lambda c: c["marks_ms"]["service_and_app"]),
     ("key lookup (keys/<sha256>.json)", lambda c: c["spans_ms"].get("key_lookup", 0.0)),
     ("snapshot pointer (current.json)", lambda c: c["spans_ms"].get("pointer_get", 0.0)),
@@ -347,7 +348,7 @@ def local_main(args) -> int:
     from bench import corpus
     from core.config import Settings
     from core.keys import KeyRing
-    from core.store import open_store
+    from core.storage import open_store
 
     sizes = [int(x.replace("k", "000")) for x in str(args.claims).split(",") if x]
     results = []

@@ -72,8 +72,8 @@ def peak_rss_mib() -> float:
 def run_size(n: int, workload: dict, *, progress=corpus._log) -> dict:
     from core.config import Settings
     from core.instants import canonical, now_utc
-    from core.planning import plan_query
-    from core.retrieval import MAX_CANDIDATES, CompileScope, fts_candidates, lexical_candidates
+    from core.compile.planning import plan_query
+    from core.compile.retrieval import MAX_CANDIDATES, CompileScope, fts_candidates, lexical_candidates
     from core.service import Service
 
     build = corpus.build_org(None, n, progress=progress)

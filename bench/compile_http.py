@@ -170,11 +170,11 @@ def bare_queries(directory: Path, api_key: str, workload: dict) -> tuple[list[fl
     published snapshot file itself (opened read-only, immutable)."""
     from core.instants import canonical, now_utc
     from core.keys import KeyRing
-    from core.planning import plan_query
-    from core.rebuild import read_pointer
-    from core.retrieval import CompileScope, fts_candidates, lexical_candidates
-    from core.snapshot import Snapshot, open_readonly
-    from core.store_local import LocalStore
+    from core.compile.planning import plan_query
+    from core.snapshot.pointer import read_pointer
+    from core.compile.retrieval import CompileScope, fts_candidates, lexical_candidates
+    from core.snapshot.reader import Snapshot, open_readonly
+    from core.storage.local import LocalStore
 
     store = LocalStore(str(directory))
     pointer, _ = read_pointer(store, corpus.ORG)

@@ -234,10 +234,11 @@ def build_org(data_dir: str | os.PathLike | None, n: int, *, force: bool = False
     say which figures come from an earlier run, ``cached`` that both do.
     """
     from core.config import Settings
-    from core.importer import import_file
+    from core.writes.importer import import_file
     from core.keys import Principal
-    from core.rebuild import SnapshotBuilder, read_pointer
-    from core.store import open_store
+    from core.snapshot.build import SnapshotBuilder
+    from core.snapshot.pointer import read_pointer
+    from core.storage import open_store
 
     directory = Path(data_dir) if data_dir is not None else store_dir(n)
     progress = progress or (lambda message: None)

@@ -67,7 +67,7 @@ if str(BENCH_DIR.parent) not in sys.path:
     sys.path.insert(0, str(BENCH_DIR.parent))
 
 from bench.corpus import ORG, build_org, print_table  # noqa: E402
-from core.store_local import LocalStore  # noqa: E402
+from core.storage.local import LocalStore  # noqa: E402
 
 EVENTS = BENCH_DIR.parent / "infra" / "events"
 

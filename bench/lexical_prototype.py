@@ -29,8 +29,8 @@ import apsw  # noqa: E402
 
 from core import lexical  # noqa: E402
 from core.keys import Principal  # noqa: E402
-from core.planning import plan_query  # noqa: E402
-from core.retrieval import CompileScope, fts_candidates  # noqa: E402
+from core.compile.planning import plan_query  # noqa: E402
+from core.compile.retrieval import CompileScope, fts_candidates  # noqa: E402
 
 WORKLOAD = Path("/work/shared/bench/reference-workload/workload-seed20260817.json")
 

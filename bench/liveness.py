@@ -36,9 +36,9 @@ ORG = "live"
 
 def load_claims(data_dir: str, n: int) -> None:
     from core.config import Settings
-    from core.importer import import_file
+    from core.writes.importer import import_file
     from core.keys import Principal
-    from core.store import open_store
+    from core.storage import open_store
 
     store = open_store(Settings.from_env(data_dir=data_dir).store_url)
     ndjson = os.path.join(data_dir, "import.ndjson")
@@ -53,7 +53,7 @@ def load_claims(data_dir: str, n: int) -> None:
 def admin_key(data_dir: str) -> str:
     from core.config import Settings
     from core.keys import KeyRing
-    from core.store import open_store
+    from core.storage import open_store
 
     store = open_store(Settings.from_env(data_dir=data_dir).store_url)
     return KeyRing(store).create(ORG, "ops", ["admin", "context:compile"], [])["api_key"]

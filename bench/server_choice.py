@@ -51,7 +51,7 @@ def probe(port: int, raw: bytes) -> str:
 
 
 def run(protocol, label: str, service, key: str, requests: int) -> dict:
-    from core.http import create_app
+    from core.api.app import create_app
 
     port = free_port()
     config = uvicorn.Config(create_app(service), host="127.0.0.1", port=port, http=protocol, log_level="error")
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     from core.config import Settings
-    from core.edge import EnvelopeHttpToolsProtocol
+    from core.api.edge import EnvelopeHttpToolsProtocol
     from core.keys import Principal
     from core.service import Service
     from core.writes import Writes

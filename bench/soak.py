@@ -139,9 +139,9 @@ def soak(seconds: float, concurrency: int, claims: int, write_ratio: float, rebu
         status, final = client.call("POST", "/v1/admin/rebuild")
         missing = [c for c in acked if client.call("GET", f"/v1/claims/{c}/evidence")[0] != 200]
         from core.config import Settings
-        from core.rebuild import read_pointer
-        from core.snapshot import open_readonly
-        from core.store import open_store
+        from core.snapshot.pointer import read_pointer
+        from core.snapshot.reader import open_readonly
+        from core.storage import open_store
         store = open_store(Settings.from_env(data_dir=data_dir).store_url)
         pointer, _ = read_pointer(store, ORG)
         copy = os.path.join(data_dir, "soak-final.sqlite")

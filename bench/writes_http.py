@@ -190,7 +190,7 @@ class CountingStore:
 def in_process_part(n: int) -> list[dict]:
     from core.config import Settings
     from core.service import Service
-    from core.store_local import LocalStore
+    from core.storage.local import LocalStore
 
     with tempfile.TemporaryDirectory() as tmp:
         store = CountingStore(LocalStore(os.path.join(tmp, "store")))

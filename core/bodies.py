@@ -21,9 +21,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from core.domain import (CLAIM_KINDS, FEEDBACK_OUTCOMES, OBSERVATION_KINDS, RELATIONS, TRUST_LEVELS,
+from core.domain import (CLAIM_KINDS, FEEDBACK_OUTCOMES, MAX_TASK_CHARS, OBSERVATION_KINDS, RELATIONS, TRUST_LEVELS,
                          VISIBILITY_RANK)
-from core.planning import MAX_TASK_CHARS
 
 IDENTIFIER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
 SOURCE_TYPE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")

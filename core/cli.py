@@ -14,9 +14,9 @@ import sys
 
 from core.config import Settings
 from core.errors import TitenError
-from core.importer import import_file, stderr_progress
+from core.writes.importer import import_file, stderr_progress
 from core.keys import Principal
-from core.store import StoreError
+from core.storage import StoreError
 
 
 def _settings(args) -> Settings:
@@ -31,7 +31,7 @@ def _service(args, **kw):
 def cmd_serve(args) -> int:
     import uvicorn
 
-    from core.http import create_app
+    from core.api.app import create_app
 
     service = _service(args, auto_rebuild=True)
     for org_id in service.ledger.organizations():
@@ -45,7 +45,7 @@ def cmd_serve(args) -> int:
             print(f"serving {org_id} generation {snapshot.generation} ({snapshot.claim_count} claims)",
                   file=sys.stderr)
     print(f"titen listening on http://{args.host}:{args.port} (store {service.store.url})", file=sys.stderr)
-    from core.edge import SERVER_SETTINGS, EnvelopeHttpToolsProtocol
+    from core.api.edge import SERVER_SETTINGS, EnvelopeHttpToolsProtocol
 
     uvicorn.run(create_app(service), host=args.host, port=args.port, log_level=args.log_level,
                 access_log=args.log_level == "debug", http=EnvelopeHttpToolsProtocol, **SERVER_SETTINGS)
@@ -55,7 +55,7 @@ def cmd_serve(args) -> int:
 def cmd_mcp(args) -> int:
     import os
 
-    from core import mcp_stdio
+    from core.api import mcp_stdio
 
     api_key = args.api_key or os.environ.get("TITEN_API_KEY")
     if args.url:
@@ -130,14 +130,14 @@ def cmd_demo(args) -> int:
 
 
 def cmd_snapshots_list(args) -> int:
-    from core.rebuild import read_pointer
+    from core.snapshot.pointer import read_pointer
     pointer, _ = read_pointer(_service(args).store, args.org)
     print(json.dumps(pointer or {}, indent=1))
     return 0
 
 
 def cmd_snapshots_rollback(args) -> int:
-    from core.rebuild import rollback
+    from core.snapshot.rollback import rollback
     print(json.dumps(rollback(_service(args).store, args.org, args.generation)))
     return 0
 

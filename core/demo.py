@@ -8,7 +8,7 @@ mints a fresh key.
 from __future__ import annotations
 
 from core.keys import Principal
-from core.ledger import ledger_prefix
+from core.layout import ledger_prefix
 
 DEMO_ORG = "demo"
 DEMO_SUBJECT = "user_rama"

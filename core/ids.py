@@ -12,6 +12,8 @@ import re
 import threading
 import time
 
+from core.instants import canonical, from_ms
+
 PREFIXES = ("obs", "claim", "ctx", "fb", "req", "key", "org", "ent")
 _ID_RE = re.compile(r"^([a-z]+)_([0-9a-f]{32})$")
 _lock = threading.Lock()
@@ -58,6 +60,12 @@ def uuid7_floor_hex(ms: int) -> str:
 
 def uuid7_ms(hex32: str) -> int:
     return int(hex32[:12], 16)
+
+
+def minted_at(hex32: str) -> str:
+    """The canonical instant of a UUIDv7's millisecond: when the ledger
+    accepted the entry it names (``recorded_at``, a claim's ``created_at``)."""
+    return canonical(from_ms(uuid7_ms(hex32)))
 
 
 def new_id(prefix: str) -> str:

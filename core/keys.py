@@ -23,7 +23,7 @@ from core.errors import Forbidden, NotFound, Unauthenticated, ValidationError
 from core.ids import new_id
 from core.instants import canonical, now_utc
 from core.ledger import Ledger
-from core.store import ObjectNotFound, PreconditionFailed, Store
+from core.storage import ObjectNotFound, PreconditionFailed, Store
 from core.validation import IDENTIFIER
 
 CACHE_SECONDS = 2.0

@@ -28,27 +28,12 @@ import time
 from typing import Iterator
 
 from core.ids import entry_hex as new_entry_hex
-from core.ids import uuid7_ms
-from core.instants import canonical, from_ms
-from core.store import ObjectNotFound, PreconditionFailed, Store
+from core.ids import minted_at, uuid7_ms
+from core.layout import ENTRY_SUFFIX, ORGANIZATIONS_PREFIX, entry_key, ledger_prefix, organization_key
+from core.storage import ObjectNotFound, PreconditionFailed, Store
 
 LATE_AFTER_SECONDS = 60  # well inside the rebuild's skew window (core/rebuild.py)
 MOVED = "moved"
-
-
-def ledger_prefix(org_id: str) -> str:
-    return f"orgs/{org_id}/ledger/"
-
-
-RUN_SUFFIX = ".run.json"
-
-
-def entry_key(org_id: str, entry_hex: str, suffix: str = ".json") -> str:
-    """Context runs (and feedback on a whole pack) take ``RUN_SUFFIX``: still
-    ledger entries in key order, but the rebuild can pass them over by name,
-    since no snapshot needs them — so an organization that only compiles is
-    never republished."""
-    return f"{ledger_prefix(org_id)}{entry_hex}{suffix}"
 
 
 def encode(entry: dict) -> bytes:
@@ -60,7 +45,7 @@ class Ledger:
         self.store = store
 
     def append(self, org_id: str, entry_type: str, payload: dict, *, actor: str,
-               entry_hex: str | None = None, suffix: str = ".json", serialized: dict[str, str] | None = None) -> dict:
+               entry_hex: str | None = None, suffix: str = ENTRY_SUFFIX, serialized: dict[str, str] | None = None) -> dict:
         """Durably store one entry; returns it (with ``entry_id``, ``recorded_at``).
 
         ``serialized``: fields whose values are already JSON text in this
@@ -69,7 +54,7 @@ class Ledger:
         and its run."""
         entry_hex = entry_hex or new_entry_hex()
         entry = {"entry_id": entry_hex, "type": entry_type, "org_id": org_id, "actor": actor,
-                 "recorded_at": canonical(from_ms(int(entry_hex[:12], 16))), **payload}
+                 "recorded_at": minted_at(entry_hex), **payload}
         body = encode(entry)
         if serialized:
             fields = "".join(f",{json.dumps(k, ensure_ascii=False)}:{v}" for k, v in serialized.items())
@@ -78,7 +63,7 @@ class Ledger:
         self.store_entry(org_id, entry_hex, body, suffix)
         return entry
 
-    def store_entry(self, org_id: str, entry_hex: str, body: bytes, suffix: str = ".json") -> None:
+    def store_entry(self, org_id: str, entry_hex: str, body: bytes, suffix: str = ENTRY_SUFFIX) -> None:
         """Put-if-absent of one encoded entry under its id; ``PreconditionFailed``
         when the entry is stored already. A late id goes under a fresh key
         behind a moved stub (module docstring)."""
@@ -99,7 +84,7 @@ class Ledger:
         except PreconditionFailed:
             pass  # stored meanwhile by its first writer: the same records twice, applied once
 
-    def read(self, org_id: str, entry_hex: str, suffix: str = ".json") -> dict | None:
+    def read(self, org_id: str, entry_hex: str, suffix: str = ENTRY_SUFFIX) -> dict | None:
         """The entry with this id (following a moved stub), or None."""
         return self.read_key(entry_key(org_id, entry_hex, suffix), missing_ok=True)
 
@@ -126,9 +111,9 @@ class Ledger:
         """Record that an organization exists, so the rebuild can find it
         without listing every ledger (``organizations/<org>``)."""
         try:
-            self.store.put_if_absent(f"organizations/{org_id}", b"{}")
+            self.store.put_if_absent(organization_key(org_id), b"{}")
         except PreconditionFailed:
             pass
 
     def organizations(self) -> list[str]:
-        return [key.split("/", 1)[1] for key in self.store.list_keys("organizations/")]
+        return [key[len(ORGANIZATIONS_PREFIX):] for key in self.store.list_keys(ORGANIZATIONS_PREFIX)]

@@ -16,17 +16,18 @@ import logging
 import os
 import threading
 
-from core.compile import Compiler
+from core.compile.compiler import Compiler
 from core.config import Settings
 from core.errors import Conflict, Unavailable
-from core.feedback import FeedbackDesk
-from core.idempotency import Idempotency, Outcome
 from core.keys import KeyRing
 from core.ledger import Ledger
-from core.rebuild import RebuildConflict, RebuildResult, SnapshotBuilder
-from core.snapshot import SnapshotReader
-from core.store import open_store
+from core.snapshot.build import RebuildResult, SnapshotBuilder
+from core.snapshot.publish import RebuildConflict
+from core.snapshot.reader import SnapshotReader
+from core.storage import open_store
 from core.writes import Writes
+from core.writes.feedback import FeedbackDesk
+from core.writes.idempotency import Idempotency, Outcome
 
 AUTO_REBUILD_DELAY = 0.25
 
@@ -43,10 +44,11 @@ class Service:
         self.vectors = None
         on_open = None
         if self.embedder is None and settings.embedder:
-            from core.embedding import from_spec
+            from core.vectors import from_spec
             self.embedder = from_spec(settings.embedder)
         if self.embedder is not None:
-            from core.vectors import VectorSearch, load_sqlite_vec
+            from core.vectors.search import VectorSearch
+            from core.vectors.index import load_sqlite_vec
             self.vectors = VectorSearch(self.embedder, settings.embed_timeout_ms / 1000)
 
             def on_open(db):
@@ -61,13 +63,13 @@ class Service:
         self.auto_rebuild = auto_rebuild
         self.rebuild_queue = None
         if settings.rebuild_queue_url and not auto_rebuild:
-            from core.rebuild_queue import RebuildQueue
+            from core.rebuild.queue import RebuildQueue
             self.rebuild_queue = RebuildQueue(settings.rebuild_queue_url)
         on_write = (self._schedule_rebuild if auto_rebuild
                     else self.rebuild_queue.request if self.rebuild_queue else None)
         self.writes = Writes(self.store, self.reader, on_write)
         self.compiler = Compiler(self.ledger, self.reader, self.vector_state, self.vectors)
-        self.feedback = FeedbackDesk(self.ledger, self.compiler, on_write)
+        self.feedback = FeedbackDesk(self.ledger, on_write)
         self.idempotency = Idempotency(self.store)
         self._rebuild_locks: dict[str, threading.Lock] = {}
         self._timers: dict[str, threading.Timer] = {}
@@ -190,7 +192,7 @@ class Service:
 
 
 def _transition(action: str):
-    from core.writes import TRANSITION_STATUS
+    from core.writes.transitions import TRANSITION_STATUS
 
     def run(service, principal, params, body, attempt):
         return TRANSITION_STATUS[action], service.writes.transition(principal, params["claim_id"], action, body,

@@ -15,7 +15,7 @@ snapshots are cached under ``TITEN_CACHE_DIR``, which defaults to
 from mangum import Mangum
 
 from core.config import Settings
-from core.http import create_app
+from core.api.app import create_app
 from core.service import Service
 
 service = Service(Settings.from_env())

@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import apsw  # noqa: E402
 
 from core import lexical  # noqa: E402
-from core.planning import FUNCTION_WORDS, plan_query  # noqa: E402
-from core.retrieval import fts_candidates  # noqa: E402
+from core.compile.planning import FUNCTION_WORDS, plan_query  # noqa: E402
+from core.compile.retrieval import fts_candidates  # noqa: E402
 from tests.test_lexical import WORDS, _corpus, _scope  # noqa: E402
 
 MAX_PHRASES = 16

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from core.store_local import LocalStore
+from core.storage.local import LocalStore
 
 STORE_BACKENDS = ["local", "s3"]
 
@@ -34,7 +34,7 @@ def store(request, tmp_path, monkeypatch):
         import boto3
         from moto import mock_aws
 
-        from core.store_s3 import S3Store
+        from core.storage.s3 import S3Store
 
         for name, value in {
             "AWS_ACCESS_KEY_ID": "testing",
@@ -63,7 +63,7 @@ import os as _os
 from starlette.testclient import TestClient
 
 from core.config import Settings
-from core.http import create_app
+from core.api.app import create_app
 from core.service import Service
 
 ALL_SCOPES = "context:compile,context:feedback,memory:write,memory:verify,admin"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from core.domain import INSTRUCTIONS
-from core.mcp import TOOLS
+from core.api.mcp import TOOLS
 
 TOOL_NAMES = {"titen_remember", "titen_consolidate", "titen_compile", "titen_feedback", "titen_evidence"}
 UNKNOWN_CLAIM = "claim_" + "0" * 32

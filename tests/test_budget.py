@@ -16,8 +16,8 @@ import re
 import pytest
 
 from core.domain import CLAIM_KINDS
-from core.packing import dumps
-from core.tokens import count_tokens
+from core.budget.items import dumps
+from core.budget.tokens import count_tokens
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "multilingual_descriptions.json")
 LANGUAGES = ["de", "es", "fr", "it", "pl", "pt", "ru", "ja", "zh_CN"]
@@ -153,8 +153,9 @@ def test_every_context_id_costs_15_to_22_tokens(api):
 
 
 def test_counts_stored_with_another_tokenizer_are_never_trusted_and_the_next_build_replays(api, monkeypatch):
-    import core.rebuild
-    from core.tokens import TOKENIZER_ID
+    import core.snapshot.build
+    import core.snapshot.projections
+    from core.budget.tokens import TOKENIZER_ID
 
     key = api.key()
     for i in range(12):
@@ -162,8 +163,8 @@ def test_counts_stored_with_another_tokenizer_are_never_trusted_and_the_next_bui
                                              "once the error budget holds.", "kind": CLAIM_KINDS[i % 6],
                                 "confidence": 0.9})
     # a snapshot built by a process whose tokenizer counted every prefix as 1 token
-    monkeypatch.setattr(core.rebuild, "TOKENIZER_ID", "other_tokenizer:0")
-    monkeypatch.setattr(core.rebuild, "count_tokens_batch", lambda texts: [1] * len(texts))
+    monkeypatch.setattr(core.snapshot.build, "TOKENIZER_ID", "other_tokenizer:0")
+    monkeypatch.setattr(core.snapshot.projections, "count_tokens_batch", lambda texts: [1] * len(texts))
     api.rebuild(key)
     assert api.service.reader.current("acme").meta["item_tokenizer"] == "other_tokenizer:0"
     data = api.compile(key, "rollout canary error budget", max_tokens=400).json()["data"]

@@ -10,9 +10,9 @@ import pytest
 
 from conftest import ALL_SCOPES, Api
 from core.config import Settings, cache_budget, cache_bytes_from_ephemeral
-from core.rebuild import read_pointer
+from core.snapshot.pointer import read_pointer
 from core.service import Service
-from core.store import open_store
+from core.storage import open_store
 
 ORGS = ["org-a", "org-b", "org-c", "org-d", "org-e"]
 

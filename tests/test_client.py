@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from core.store import open_store
+from core.storage import open_store
 from core.config import Settings
 from test_mcp import serve
 from titen_client import Titen, TitenError, TitenUnavailable

@@ -4,8 +4,8 @@ kept row by row or computed from every row."""
 import apsw
 import pytest
 
-from core import content_hash
-from core.snapshot_schema import DDL
+from core.snapshot import content_hash
+from core.snapshot.schema import DDL
 
 # columns that are caches of canonical ones or bookkeeping of the build
 NOT_CANONICAL = {"claims": {"rowid", "trust_level", "created_s", "entry_id"}, "transitions": {"entry_id"}}

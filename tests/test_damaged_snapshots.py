@@ -9,7 +9,7 @@ import pytest
 
 from conftest import ALL_SCOPES, Api
 from core.config import Settings
-from core.rebuild import read_pointer
+from core.snapshot.pointer import read_pointer
 from core.service import Service
 
 CLAIM = {"statement": "Deploy smoke must pass before release.", "kind": "procedural", "confidence": 0.9}
@@ -186,7 +186,7 @@ def test_the_builder_replays_the_ledger_over_a_damaged_previous_generation_and_s
     _, obj = stored_object(api)
     truncate(obj) if damage == "truncate" else os.unlink(obj)
     api.observe(key, content="Canary stayed green.")
-    from core.rebuild import SnapshotBuilder
+    from core.snapshot.build import SnapshotBuilder
     result = SnapshotBuilder(api.service.store, "acme", work_dir=str(tmp_path / "elsewhere")).rebuild()
     assert result.published and result.generation == 2
     assert result.notes == (f"previous generation 1 {why}: built from the ledger",)

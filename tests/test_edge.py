@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.served import Served  # noqa: E402
 from core.config import Settings  # noqa: E402
 from core.keys import KeyRing  # noqa: E402
-from core.store import open_store  # noqa: E402
+from core.storage import open_store  # noqa: E402
 
 OBS = json.dumps({"subject_id": "user_rama", "kind": "tool_result", "content": "ok",
                   "source": {"type": "tool", "ref": "r"}, "visibility": "organization"}).encode()
@@ -143,7 +143,7 @@ def test_the_app_itself_refuses_content_length_with_transfer_encoding(tmp_path):
     """Behind any server (h11 accepts the pair; on Lambda API Gateway sits in front)."""
     import anyio
 
-    from core.http import create_app
+    from core.api.app import create_app
     from core.service import Service
 
     service = Service(Settings.from_env(data_dir=str(tmp_path / "titen")))

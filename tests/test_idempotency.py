@@ -7,9 +7,9 @@ from datetime import timedelta
 
 import pytest
 
-from core.idempotency import records_prefix
+from core.layout import idempotency_prefix
 from core.instants import canonical, now_utc
-from core.store import StoreError
+from core.storage import StoreError
 
 OBSERVATION = {"subject_id": "user_rama", "kind": "tool_result", "content": "Production smoke returned 200.",
                "source": {"type": "tool", "ref": "deploy_456#smoke"}, "visibility": "organization",
@@ -22,7 +22,7 @@ def keyed(key, idempotency_key):
 
 
 def records(api, org="acme"):
-    return list(api.service.store.list_keys(records_prefix(org)))
+    return list(api.service.store.list_keys(idempotency_prefix(org)))
 
 
 # -- each write route, prepared so that one body is valid and another differs --
@@ -298,8 +298,9 @@ def test_a_duplicate_that_finishes_while_the_first_attempt_runs_unclaimed_is_rep
     reads no record, duplicate A claims the key and finishes, then B's own
     write fails because A already moved the claim. B answers A's answer."""
     from core.errors import Conflict
-    from core.idempotency import Idempotency
-    from core.ledger import Ledger, entry_key
+    from core.writes.idempotency import Idempotency
+    from core.ledger import Ledger
+    from core.layout import entry_key
     from core.keys import Principal
 
     principal = Principal(org_id="acme", principal_id="alice", key_id="key_x", scopes=frozenset({"memory:write"}),
@@ -324,7 +325,7 @@ def test_a_duplicate_that_finishes_while_the_first_attempt_runs_unclaimed_is_rep
 
 def test_a_failure_with_no_duplicate_in_flight_is_answered_as_it_is(service):
     from core.errors import Conflict
-    from core.idempotency import Idempotency
+    from core.writes.idempotency import Idempotency
     from core.keys import Principal
 
     principal = Principal(org_id="acme", principal_id="alice", key_id="key_x", scopes=frozenset({"memory:write"}),

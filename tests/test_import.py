@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from core.importer import BLOCK_LINES, import_file, markers_prefix
+from core.writes.importer import BLOCK_LINES, import_file
+from core.layout import import_markers_prefix
 from core.keys import Principal
-from core.ledger import Ledger, ledger_prefix
-from core.rebuild import SnapshotBuilder
-from core.store_local import LocalStore
+from core.ledger import Ledger
+from core.layout import ledger_prefix
+from core.snapshot.build import SnapshotBuilder
+from core.storage.local import LocalStore
 
 ROOT = Path(__file__).resolve().parent.parent
 PRINCIPAL = Principal(org_id="acme", principal_id="importer", key_id="cli",
@@ -65,7 +67,7 @@ def snapshot_state(store, work_dir, from_scratch=False):
 
 def statements(store):
     import apsw
-    from core.rebuild import read_pointer
+    from core.snapshot.pointer import read_pointer
     pointer, _ = read_pointer(store, "acme")
     path = "/tmp/check-%d.sqlite" % os.getpid()
     store.download_file(pointer["snapshot_key"], path)
@@ -240,5 +242,5 @@ def test_stale_temporary_files_in_the_ledger_are_removed_by_the_rebuild(tmp_path
     builder = SnapshotBuilder(store, "acme", work_dir=str(tmp_path / "w"))
     assert builder.rebuild().claim_count == 5
     assert not leftover.exists() and builder.housekeeping["temporary_files"] == 1
-    assert len(list(store.list_keys(markers_prefix("acme", "")[:-1]))) == 1  # the one block's marker
+    assert len(list(store.list_keys(import_markers_prefix("acme", "")[:-1]))) == 1  # the one block's marker
     assert BLOCK_LINES == 100

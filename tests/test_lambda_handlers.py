@@ -22,7 +22,8 @@ from moto import mock_aws
 
 from core.keys import KeyRing
 from core.ledger import Ledger
-from core.rebuild import SnapshotBuilder, read_pointer
+from core.snapshot.build import SnapshotBuilder
+from core.snapshot.pointer import read_pointer
 
 EVENTS = Path(__file__).resolve().parent.parent / "infra" / "events"
 BUCKET = "titen-lambda-test"
@@ -290,7 +291,7 @@ def test_a_failing_organization_does_not_stop_the_others_but_fails_the_invocatio
 
         def list_keys(self, prefix, start_after=None, **kw):
             if prefix.startswith("orgs/broken/"):
-                from core.store import StoreError
+                from core.storage import StoreError
                 raise StoreError("S3 ListObjectsV2 failed: SlowDown")
             return real_store.list_keys(prefix, start_after, **kw)
 

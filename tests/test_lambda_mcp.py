@@ -24,7 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from core.domain import INSTRUCTIONS
 from core.keys import KeyRing
-from core.mcp import REMEMBER_DEFAULTS
+from core.api.mcp import REMEMBER_DEFAULTS
 from mcp_agent import TOOL_NAMES, agent_sequence, remember_args
 from test_lambda_handlers import LambdaContext, call, event, lam  # noqa: F401  (lam is a fixture)
 

@@ -11,10 +11,10 @@ import json
 import pytest
 
 import core.ledger
-from core.importer import import_file
+from core.writes.importer import import_file
 from core.keys import Principal
-from core.rebuild import SnapshotBuilder
-from core.store import StoreError
+from core.snapshot.build import SnapshotBuilder
+from core.storage import StoreError
 
 OBSERVATION = {"subject_id": "user_rama", "kind": "tool_result", "content": "Canary passed.",
                "source": {"type": "tool", "ref": "canary#1"}, "visibility": "organization",
@@ -84,7 +84,7 @@ def test_a_pending_transition_completed_late_is_in_the_next_snapshot(api, tmp_pa
 
 
 def test_an_import_group_completed_late_is_in_the_next_snapshot(tmp_path, monkeypatch, late):
-    from core.store_local import LocalStore
+    from core.storage.local import LocalStore
     store = LocalStore(str(tmp_path / "s"))
     principal = Principal("acme", "importer", "cli", frozenset({"admin"}), ())
     src = tmp_path / "in.ndjson"

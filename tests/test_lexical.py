@@ -13,9 +13,9 @@ import pytest
 
 from core import lexical
 from core.keys import Principal
-from core.planning import plan_query
-from core.retrieval import CompileScope, fts_candidates
-from core.snapshot_schema import DDL
+from core.compile.planning import plan_query
+from core.compile.retrieval import CompileScope, fts_candidates
+from core.snapshot.schema import DDL
 
 WORDS = ["deploy", "deploys", "deploying", "deployment", "cafe", "café", "CAFÉ", "naïve", "naive", "smoke",
          "test", "tests", "rollback", "db", "migration", "migrations", "alpha", "beta", "gamma", "delta",
@@ -125,13 +125,13 @@ def test_falls_back_when_it_cannot_answer_exactly():
     with db:
         lexical.build_lexical_index(db)
     fresh = lambda: lexical.top_candidates(db, "s1", where, params, ("deploy",))  # noqa: E731
-    lexical._STATES.clear()
+    lexical.query._STATES.clear()
     assert fresh() is not None
     # a term FTS5 splits into a phrase of two tokens
     assert lexical.top_candidates(db, "s1", where, params, ("foo-bar",)) is None
     # the index changed after the lex tables were built: stale, not used
     db.execute("INSERT INTO claims_fts(rowid, statement) VALUES(999999, 'deploy')")
-    lexical._STATES.clear()
+    lexical.query._STATES.clear()
     assert fresh() is None
 
 
@@ -202,7 +202,7 @@ def test_the_incremental_build_answers_as_the_fts5_query():
         lexical.update_lexical_index(db, changes)
     scope = CompileScope(Principal("org", "u1", "key", frozenset(), ("w1", "w2")), "s4", None, TIMES[3])
     where, params = scope.where()
-    lexical._STATES.clear()
+    lexical.query._STATES.clear()
     for terms in (("deploy",), ("smoke", "test", "the"), ("alpha", "naive")):
         match = " OR ".join(f'"{t}"' for t in terms)
         expected = fts_candidates(db, where, params, match, 10)
@@ -244,9 +244,9 @@ def test_the_probe_picks_the_model_matching_this_platforms_fts5(monkeypatch):
     import math
     # this platform's own FTS5 first: every probed count has a model (x86_64
     # builds sum plainly; aarch64 builds fuse the odd last phrase)
-    here = lexical._probe_modes()
+    here = lexical.probe._probe_modes()
     assert set(here) == set(range(1, lexical.PROBE_MAX_PHRASES + 1)), here
-    real = lexical._top_candidates
+    real = lexical.query._top_candidates
 
     def platform_with_fused_odd_sums(db, subject_id, where, params, terms, k, fused_last=False):
         # stand-in for a platform whose FTS5 fuses odd sums: the fused model
@@ -258,11 +258,11 @@ def test_the_probe_picks_the_model_matching_this_platforms_fts5(monkeypatch):
             return [(rowid, math.nextafter(bm25, 0.0)) for rowid, bm25 in got]
         return got
 
-    monkeypatch.setattr(lexical, "_top_candidates", platform_with_fused_odd_sums)
-    modes = lexical._probe_modes()
+    monkeypatch.setattr(lexical.query, "_top_candidates", platform_with_fused_odd_sums)
+    modes = lexical.probe._probe_modes()
     assert modes == {1: "plain", 2: "plain", 3: "fused", 4: "plain", 5: "fused", 6: "plain", 7: "fused",
                      8: "plain", 9: "fused"}
-    monkeypatch.setattr(lexical, "_modes", modes)
+    monkeypatch.setattr(lexical.probe, "_modes", modes)
     assert (lexical.phrase_count_mode(10), lexical.phrase_count_mode(11)) == ("plain", "fused")
 
 
@@ -271,7 +271,7 @@ def test_a_phrase_count_no_model_matches_is_answered_by_fts5(monkeypatch):
     db = _corpus(rng, 200)
     with db:
         lexical.build_lexical_index(db)
-    monkeypatch.setattr(lexical, "_modes", {1: "plain", 2: "plain", 4: "plain", 6: "plain", 8: "plain"})
+    monkeypatch.setattr(lexical.probe, "_modes", {1: "plain", 2: "plain", 4: "plain", 6: "plain", 8: "plain"})
     scope = CompileScope(Principal("org", "u1", "key", frozenset(), ("w1", "w2")), "s1", None, TIMES[3])
     where, params = scope.where()
     assert lexical.top_candidates(db, "s1", where, params, ("deploy", "smoke", "test"), 10) is None
@@ -326,7 +326,7 @@ def test_the_fused_model_answers_as_a_fused_fts5_would(seed):
             continue
         k = rng.choice([1, 5, 20, 200])
         where, params = scope.where()
-        got = lexical._top_candidates(db, scope.subject_id, where, params, plan.terms, k, fused_last=True)
+        got = lexical.query._top_candidates(db, scope.subject_id, where, params, plan.terms, k, fused_last=True)
         if got is None:  # a term FTS5 splits into several tokens
             continue
         assert got == _fused_model(db, where, params, plan.terms, k), (plan.terms, k)
@@ -354,12 +354,13 @@ def _priced_elsewhere(monkeypatch, db) -> str:
     """Build db's lex tables as the other platform would; return its fingerprint."""
     lexical.phrase_count_mode(1)  # this platform's probe, before log() changes
     with monkeypatch.context() as other:
-        other.setattr(lexical, "math", _OtherLibm())
-        other.setattr(lexical, "_fingerprint", None)
+        other.setattr(lexical.bm25, "math", _OtherLibm())
+        other.setattr(lexical.libm, "math", _OtherLibm())
+        other.setattr(lexical.libm, "_fingerprint", None)
         with db:
             lexical.build_lexical_index(db)
         fingerprint = lexical.platform_fingerprint()
-    lexical._STATES.clear()
+    lexical.query._STATES.clear()
     return fingerprint
 
 
@@ -392,10 +393,10 @@ def test_contributions_priced_by_another_libm_are_never_served(monkeypatch):
         assert fast is None  # not the stored lists: the FTS5 query answers
         # what the stored lists would have answered, had the reader trusted them
         with monkeypatch.context() as trusting:
-            trusting.setattr(lexical, "priced_here", lambda recorded: True)
-            lexical._STATES.clear()
+            trusting.setattr(lexical.query, "priced_here", lambda recorded: True)
+            lexical.query._STATES.clear()
             served.append((lexical.top_candidates(db, scope.subject_id, where, params, plan.terms, 50), expected))
-            lexical._STATES.clear()
+            lexical.query._STATES.clear()
         checked += 1
     assert checked > 30
     # the test has teeth: the lists priced elsewhere are wrong here
@@ -436,18 +437,19 @@ def _answer(response) -> list:
 
 
 def test_a_compile_over_a_snapshot_priced_elsewhere_answers_as_the_fts5_query(api, monkeypatch):
-    from core import retrieval
+    from core.compile import retrieval
     key = api.key()
     for statement in STATEMENTS:
         api.observe(key, content=statement, claim={"statement": statement, "kind": "procedural",
                                                    "confidence": 0.9})
     lexical.phrase_count_mode(1)  # this platform's probe, before log() changes
     with monkeypatch.context() as other:  # an operator's rebuild, on a machine with another libm
-        other.setattr(lexical, "math", _OtherLibm())
-        other.setattr(lexical, "_fingerprint", None)
+        other.setattr(lexical.bm25, "math", _OtherLibm())
+        other.setattr(lexical.libm, "math", _OtherLibm())
+        other.setattr(lexical.libm, "_fingerprint", None)
         api.rebuild(key)
         forged = lexical.platform_fingerprint()
-    lexical._STATES.clear()
+    lexical.query._STATES.clear()
     served = []
     real_top = retrieval.top_candidates
 
@@ -472,8 +474,9 @@ def test_the_next_rebuild_here_prices_again_a_generation_priced_elsewhere(api, m
                                                    "confidence": 0.9})
     lexical.phrase_count_mode(1)
     with monkeypatch.context() as other:
-        other.setattr(lexical, "math", _OtherLibm())
-        other.setattr(lexical, "_fingerprint", None)
+        other.setattr(lexical.bm25, "math", _OtherLibm())
+        other.setattr(lexical.libm, "math", _OtherLibm())
+        other.setattr(lexical.libm, "_fingerprint", None)
         first = api.rebuild(key)
     builder = api.service.builder("acme")
     again = builder.rebuild()  # nothing new, but priced elsewhere: a new generation, priced here

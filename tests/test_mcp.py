@@ -28,8 +28,8 @@ from core.bodies import COMPILE, CONSOLIDATION, FEEDBACK, OBSERVATION
 from core.config import Settings
 from core.domain import INSTRUCTIONS
 from core.keys import KeyRing
-from core.mcp import PROTOCOL_VERSIONS, REMEMBER_DEFAULTS, TOOLS
-from core.store import open_store
+from core.api.mcp import PROTOCOL_VERSIONS, REMEMBER_DEFAULTS, TOOLS
+from core.storage import open_store
 from mcp_agent import UNKNOWN_CLAIM, agent_sequence, compile_args, remember_args
 
 ROOT = Path(__file__).resolve().parent.parent

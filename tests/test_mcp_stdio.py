@@ -19,7 +19,7 @@ from mcp import Client, StdioServerParameters
 
 from core.config import Settings
 from core.keys import KeyRing
-from core.mcp import REMEMBER_DEFAULTS
+from core.api.mcp import REMEMBER_DEFAULTS
 from core.service import Service
 from mcp_agent import agent_sequence, remember_args
 from test_mcp import _post, served  # noqa: F401  (served is a fixture)

@@ -22,7 +22,7 @@ import pytest
 
 from core.bodies import COMPILE, NOT_BLANK, OBSERVATION, PY_WHITESPACE
 from core.config import Settings
-from core.openapi import document
+from core.api.openapi import document
 from core.service import Service
 from test_mcp import _free_port, _wait_for
 

@@ -15,10 +15,11 @@ import pytest
 
 from core.config import Settings
 from core.ids import record_hex
-from core.ledger import encode, entry_key
-from core.packing import dumps
-from core.planning import plan_query
-from core.retrieval import CompileScope, fts_candidates, lexical_candidates
+from core.ledger import encode
+from core.layout import entry_key
+from core.budget.items import dumps
+from core.compile.planning import plan_query
+from core.compile.retrieval import CompileScope, fts_candidates, lexical_candidates
 from core.service import Service
 
 AT = "2027-03-01T00:00:00Z"

@@ -14,10 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.domain import CLAIM_KINDS, INSTRUCTIONS, POLICY_SNAPSHOT
-from core.packing import (CONTEXT_ID_TOKENS, MAX_PER_KIND, SEAMS, BudgetTooSmall, PackCandidate, Score, assemble, dumps,
-                          envelope_tokens, item_prefix, item_suffix, number_tokens, pack, smallest_budget,
-                          suffix_tokens)
-from core.tokens import count_tokens
+from core.compile.packing import CONTEXT_ID_TOKENS, MAX_PER_KIND, SEAMS, BudgetTooSmall, PackCandidate, Score, assemble, envelope_tokens, pack, smallest_budget
+from core.budget.items import dumps, item_prefix, item_suffix, number_tokens, suffix_tokens
+from core.budget.tokens import count_tokens
 
 SEAM_ALLOWANCE = 8
 

@@ -1,6 +1,6 @@
 """Query planning: free text to a safe FTS5 MATCH expression (pure)."""
 
-from core.planning import MAX_TERMS, plan_query
+from core.compile.planning import MAX_TERMS, plan_query
 
 
 def test_terms_are_quoted_and_or_ed():

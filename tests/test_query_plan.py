@@ -29,14 +29,15 @@ import re
 import apsw
 import pytest
 
-from core.importer import import_file
+from core.writes.importer import import_file
 from core.instants import canonical, now_utc
 from core.keys import Principal
-from core.planning import plan_query
-from core.rebuild import SnapshotBuilder, read_pointer
-from core.retrieval import CompileScope, fts_candidates, hydrate, lexical_candidates
-from core.snapshot import Snapshot, open_readonly
-from core.store_local import LocalStore
+from core.compile.planning import plan_query
+from core.snapshot.build import SnapshotBuilder
+from core.snapshot.pointer import read_pointer
+from core.compile.retrieval import CompileScope, fts_candidates, hydrate, lexical_candidates
+from core.snapshot.reader import Snapshot, open_readonly
+from core.storage.local import LocalStore
 
 ORG = "acme"
 SUBJECTS = ("alice", "bob", "carol")

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from core.ranking import ClaimSignals, RankInput, rank, recency, relevances, trust, utility
+from core.compile.ranking import ClaimSignals, RankInput, rank, recency, relevances, trust, utility
 
 DAY = 86400.0
 

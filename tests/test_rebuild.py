@@ -9,9 +9,12 @@ from core.errors import Unavailable
 
 from core.ids import uuid7_hex
 from core.instants import canonical, from_ms
-from core.ledger import Ledger, encode, entry_key
-from core.rebuild import RebuildConflict, SnapshotBuilder, read_pointer
-from core.store_local import LocalStore
+from core.ledger import Ledger, encode
+from core.layout import entry_key
+from core.snapshot.publish import RebuildConflict
+from core.snapshot.build import SnapshotBuilder
+from core.snapshot.pointer import read_pointer
+from core.storage.local import LocalStore
 
 
 def _observation_entry(org, hex_, statement):
@@ -173,22 +176,22 @@ def test_a_damaged_previous_snapshot_is_not_built_upon(store, tmp_path):
 
 
 def test_a_snapshot_of_another_schema_version_is_replayed_not_extended(store, tmp_path, monkeypatch):
-    import core.rebuild
+    import core.snapshot.build
     ids = {_write(store, "acme", f"fact {i}") for i in range(4)}
     _builder(store, tmp_path).rebuild()
-    monkeypatch.setattr(core.rebuild, "SCHEMA_VERSION", 99)
-    monkeypatch.setattr(core.rebuild, "DDL", core.rebuild.DDL)
+    monkeypatch.setattr(core.snapshot.build, "SCHEMA_VERSION", 99)
+    monkeypatch.setattr(core.snapshot.build, "DDL", core.snapshot.build.DDL)
     result = _builder(store, tmp_path).rebuild(force=True)
     assert result.entries_applied == 4 and result.generation == 2
     assert _claim_ids(store, tmp_path) == ids
 
 
 def test_a_reader_refuses_a_generation_of_another_schema_version(store, tmp_path, monkeypatch):
-    import core.snapshot
-    from core.snapshot import SnapshotReader
+    import core.snapshot.reader
+    from core.snapshot.reader import SnapshotReader
     _write(store, "acme", "fact")
     _builder(store, tmp_path).rebuild()
-    monkeypatch.setattr(core.snapshot, "SCHEMA_VERSION", 99)
+    monkeypatch.setattr(core.snapshot.reader, "SCHEMA_VERSION", 99)
     reader = SnapshotReader(store, str(tmp_path / "cache"), ttl_seconds=0)
     with pytest.raises(Unavailable, match="schema version"):  # never an empty answer
         reader.current("acme")
@@ -243,7 +246,8 @@ def _lifecycle_steps(api, key):
 def test_incremental_builds_keep_the_content_hash_and_the_candidate_index_exact(api, tmp_path, monkeypatch):
     import apsw
 
-    from core import content_hash, lexical
+    from core import lexical
+    from core.snapshot import content_hash
     scan = content_hash.scan
     scans = []
     monkeypatch.setattr(content_hash, "scan", lambda db: (scans.append(1), scan(db))[1])
@@ -312,10 +316,10 @@ def test_a_kept_file_of_another_generation_is_not_used(store, tmp_path, monkeypa
 
 
 def test_a_kept_file_from_before_a_restart_is_not_trusted(store, tmp_path, monkeypatch):
-    import core.rebuild
+    import core.snapshot.keep
     _write(store, "acme", "one")
     _builder(store, tmp_path).rebuild()
-    monkeypatch.setattr(core.rebuild, "_boot_id", lambda: "another boot")  # written unsynced: may be torn
+    monkeypatch.setattr(core.snapshot.keep, "_boot_id", lambda: "another boot")  # written unsynced: may be torn
     downloads = []
     real = type(store).download_file
     monkeypatch.setattr(type(store), "download_file", lambda self, k, p: (downloads.append(k), real(self, k, p)))
@@ -333,7 +337,7 @@ def test_a_published_file_beyond_the_keep_budget_is_not_kept(store, tmp_path):
 # -- rollback ------------------------------------------------------------------------
 
 def test_rollback_serves_a_kept_generation_again_as_a_new_generation(store, tmp_path):
-    from core.rebuild import rollback
+    from core.snapshot.rollback import rollback
     _write(store, "acme", "one")
     first = _builder(store, tmp_path).rebuild()
     _write(store, "acme", "two")
@@ -347,7 +351,7 @@ def test_rollback_serves_a_kept_generation_again_as_a_new_generation(store, tmp_
 
 
 def test_the_build_after_a_rollback_applies_the_entries_after_its_watermark_again(store, tmp_path):
-    from core.rebuild import rollback
+    from core.snapshot.rollback import rollback
     _write(store, "acme", "one")
     _builder(store, tmp_path).rebuild()
     ids = {_write(store, "acme", "two"), _write(store, "acme", "three")}
@@ -359,7 +363,7 @@ def test_the_build_after_a_rollback_applies_the_entries_after_its_watermark_agai
 
 
 def test_rollback_to_a_generation_no_longer_kept_changes_nothing(store, tmp_path):
-    from core.rebuild import rollback
+    from core.snapshot.rollback import rollback
     _write(store, "acme", "one")
     _builder(store, tmp_path).rebuild()
     before = read_pointer(store, "acme")

@@ -31,11 +31,13 @@ import pytest
 from conftest import serialize_moto
 from moto import mock_aws
 
-from core import rebuild_queue
+from core.rebuild import queue as rebuild_queue
 from core.config import Settings
 from core.keys import KeyRing
-from core.ledger import Ledger, entry_key
-from core.rebuild import SnapshotBuilder, read_pointer
+from core.ledger import Ledger
+from core.layout import entry_key
+from core.snapshot.build import SnapshotBuilder
+from core.snapshot.pointer import read_pointer
 from core.service import Service
 
 EVENTS = Path(__file__).resolve().parent.parent / "infra" / "events"

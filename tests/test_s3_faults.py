@@ -15,9 +15,11 @@ import pytest
 
 from conftest import ALL_SCOPES, Api, serialize_moto
 from core.config import Settings
-from core.rebuild import SnapshotBuilder, file_sha256, read_pointer
+from core.snapshot.build import SnapshotBuilder
+from core.checksum import file_sha256
+from core.snapshot.pointer import read_pointer
 from core.service import Service
-from core.snapshot import SnapshotReader
+from core.snapshot.reader import SnapshotReader
 from s3_faults import FaultLayer
 
 BUCKET = "titen-faults"
@@ -32,7 +34,7 @@ def s3_store(monkeypatch):
     from botocore.retries.standard import ExponentialBackoff
     from moto import mock_aws
 
-    from core.store_s3 import S3Store
+    from core.storage.s3 import S3Store
 
     for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                         "AWS_SECURITY_TOKEN": "testing", "AWS_SESSION_TOKEN": "testing",
@@ -142,7 +144,7 @@ def test_a_retried_put_if_absent_that_landed_is_a_success_not_a_conflict(s3_stor
     faults.enabled = False
     assert faults.by_operation["PutObject"] == 1  # (the read-back GET may be faulted too)
     assert s3_store.get("orgs/acme/ledger/x.json").etag == etag
-    from core.store import PreconditionFailed
+    from core.storage import PreconditionFailed
     with pytest.raises(PreconditionFailed):  # a first attempt that loses is a real conflict
         s3_store.put_if_absent("orgs/acme/ledger/x.json", b'{"a":1}')
 

@@ -1,4 +1,4 @@
-"""The serving side of snapshots (core.snapshot.SnapshotReader), on every store
+"""The serving side of snapshots (core.snapshot.reader.SnapshotReader), on every store
 backend (conftest ``store``: a local directory and S3 under moto).
 
 Acceptance: "A snapshot object whose bytes do not match its recorded sha256
@@ -11,13 +11,14 @@ import os
 
 import pytest
 
-import core.snapshot
+import core.snapshot.reader
 from conftest import ALL_SCOPES, Api
 from core.config import Settings
 from core.keys import Principal
-from core.rebuild import SnapshotBuilder, read_pointer
+from core.snapshot.build import SnapshotBuilder
+from core.snapshot.pointer import read_pointer
 from core.service import Service
-from core.snapshot import SnapshotReader
+from core.snapshot.reader import SnapshotReader
 from core.writes import Writes
 
 ORG = "acme"
@@ -147,7 +148,7 @@ def test_readyz_says_why_the_new_generation_was_refused(store, tmp_path):
 @pytest.fixture
 def clock(monkeypatch):
     fake = Clock()
-    monkeypatch.setattr(core.snapshot, "time", fake)
+    monkeypatch.setattr(core.snapshot.reader, "time", fake)
     return fake
 
 

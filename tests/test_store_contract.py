@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from core.store import ObjectNotFound, PreconditionFailed
+from core.storage import ObjectNotFound, PreconditionFailed
 
 
 def test_get_of_absent_key_raises_not_found(store):
@@ -176,7 +176,7 @@ def test_a_temporary_file_of_a_killed_write_is_never_listed_and_removed_once_sta
     import os
     import time
 
-    from core.store_local import LocalStore
+    from core.storage.local import LocalStore
 
     local = LocalStore(str(tmp_path / "s"))
     local.put_if_absent("orgs/acme/ledger/a.json", b"{}")

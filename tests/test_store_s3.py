@@ -5,9 +5,9 @@ import boto3
 import pytest
 from botocore.stub import ANY, Stubber
 
-import core.store_s3 as store_s3
-from core.store import ObjectNotFound, PreconditionFailed, StoreError
-from core.store_s3 import S3Store
+import core.storage.s3 as store_s3
+from core.storage import ObjectNotFound, PreconditionFailed, StoreError
+from core.storage.s3 import S3Store
 
 BUCKET = "titen-test"
 

@@ -19,11 +19,13 @@ from cfnlint.api import lint_file
 from cfnlint.decode import decode
 
 from core.config import Settings
-from core.ledger import Ledger, entry_key
-from core.rebuild import SnapshotBuilder, pointer_key
+from core.ledger import Ledger
+from core.layout import entry_key
+from core.snapshot.build import SnapshotBuilder
+from core.layout import pointer_key
 from core.service import Service
-from core.store import ObjectNotFound, Store
-from core.store_local import LocalStore
+from core.storage import ObjectNotFound, Store
+from core.storage.local import LocalStore
 from conftest import ALL_SCOPES, Api
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -476,10 +478,10 @@ def test_alarms_watch_the_dead_letter_depth_and_the_queue_age(template, alarm, m
 
 
 def test_failed_rebuild_requests_are_counted_from_the_api_log(template):
-    from core.rebuild_queue import log as queue_log  # noqa: F401  (the logger the filter reads)
+    from core.rebuild.queue import log as queue_log  # noqa: F401  (the logger the filter reads)
     props = resource(template, "RebuildRequestFailuresMetric")["Properties"]
     assert props["LogGroupName"] == {"Ref": "ApiLogGroup"}
-    source = (ROOT / "core" / "rebuild_queue.py").read_text()
+    source = (ROOT / "core" / "rebuild" / "queue.py").read_text()
     # every term of the filter pattern occurs in the line the code logs
     for term in ("rebuild request for", "not sent"):
         assert f'"{term}"' in props["FilterPattern"] and term in source

@@ -20,8 +20,9 @@ from core.service import Service
 
 pytest.importorskip("sqlite_vec")
 
-from core.embed_hash import HashEmbedder  # noqa: E402
-from core.embedding import Fingerprint, from_spec  # noqa: E402
+from core.vectors.feature_hash import HashEmbedder  # noqa: E402
+from core.vectors.embedder import Fingerprint  # noqa: E402
+from core.vectors import from_spec
 
 
 class Counting:
@@ -63,7 +64,7 @@ def test_without_an_embedder_nothing_vector_related_is_imported(tmp_path):
         import json, os, sys
         os.environ.pop("TITEN_EMBEDDER", None)
         from core.config import Settings
-        from core.http import create_app
+        from core.api.app import create_app
         from core.service import Service
         service = Service(Settings.from_env(data_dir={str(tmp_path)!r}, env={{"TITEN_SNAPSHOT_TTL": "0"}}))
         create_app(service)
@@ -121,8 +122,8 @@ def test_bedrock_titan_request_and_response_shapes():
     from botocore.response import StreamingBody
     from botocore.stub import Stubber
 
-    from core.embed_bedrock import BedrockTitanEmbedder
-    from core.embedding import EmbedderError
+    from core.vectors.bedrock import BedrockTitanEmbedder
+    from core.vectors.embedder import EmbedderError
 
     client = boto3.client("bedrock-runtime", region_name="us-east-1", aws_access_key_id="x",
                           aws_secret_access_key="x")

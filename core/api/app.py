@@ -1,0 +1,136 @@
+"""The HTTP API (docs/api.md): one Starlette app for ``titen serve`` and Lambda.
+
+The routes and what each answers; how every route authenticates, reads its
+body and maps its failures is ``core.api.endpoint``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from core.api.endpoint import endpoint, log, mcp_endpoint
+from core.api.envelope import Serialized, error_response
+from core.api.evidence import claim_evidence
+from core.errors import Internal, MethodNotAllowed, NotFound, TitenError, echo
+from core.ids import new_id
+from core.service import WRITE_ROUTES, Service
+from core.writes.idempotency import HEADER as IDEMPOTENCY_HEADER, parse_key as parse_idempotency_key
+
+
+async def openapi_json(request: Request) -> Response:
+    """The OpenAPI 3.1 document (core/openapi.py), no key needed; built on first use."""
+    from core.api.openapi import document_json
+    return Response(document_json(), media_type="application/json", headers={"cache-control": "no-cache"})
+
+
+# Every token count releases the GIL (tiktoken encodes outside it), and a
+# thread that then wants it back waits for whoever took it to yield: up to
+# the interpreter's switch interval, 5 ms by default. With route work on
+# the thread pool and the local rebuild beside it, that wait, not the count,
+# was most of what exact counting cost a compile over HTTP (bench/README.md,
+# "The GIL switch interval"). The serving process yields every 0.2 ms.
+GIL_SWITCH_INTERVAL_S = 0.0002
+
+
+def create_app(service: Service) -> Starlette:
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    @endpoint(service, auth=False, inline=True)
+    def healthz(request, principal, body):
+        return 200, {"status": "ok"}, {}
+
+    @endpoint(service, auth=False)
+    def readyz(request, principal, body):
+        org = None
+        if request.headers.get("authorization"):
+            org = service.keys.authenticate(request.headers["authorization"]).org_id
+        orgs = [org] if org else service.reader.loaded()
+        unavailable = [reason for _, reason in (service.reader.check(o) for o in orgs) if reason]
+        states = [service.reader.status(o) for o in orgs]
+        loaded = [s for s in states if s["generation"]]
+        newest = max(loaded, key=lambda s: s["generation"], default=None)
+        vector_state, vector_error = service.vector_status(orgs)
+        data = {"status": "not_ready" if unavailable else "ready",
+                "generation": newest["generation"] if newest else 0,
+                "generation_age_seconds": newest["generation_age_seconds"] if newest else None,
+                "claim_count": sum(s["claim_count"] for s in states),
+                "vector": vector_state,
+                "organizations": len(loaded),
+                "last_refresh_error": next((s["last_refresh_error"] for s in states
+                                            if s["last_refresh_error"]), None),
+                "last_eviction": next((s["last_eviction"] for s in states if s["last_eviction"]), None)}
+        if unavailable:
+            data["reason"] = unavailable[0]
+        if vector_error:
+            data["vector_error"] = vector_error
+        return (503 if unavailable else 200), data, {}
+
+    def write(route: str):
+        """A write route: the service runs it, replaying a retried key."""
+        @endpoint(service, body=True)
+        def run(request, principal, body):
+            key = parse_idempotency_key(request.headers.get(IDEMPOTENCY_HEADER))
+            outcome = service.write(principal, route, dict(request.path_params), body, key)
+            return outcome.status, outcome.data, ({} if outcome.replay is None
+                                                  else {"idempotent_replay": outcome.replay})
+        return run
+
+    @endpoint(service, serial=True)
+    def evidence(request, principal, body):
+        data, meta = claim_evidence(service.reader, principal, request.path_params["claim_id"])
+        return 200, data, meta
+
+    @endpoint(service, body=True)  # Compiler.compile holds the serving lock itself
+    def compile_context(request, principal, body):
+        outcome = service.compiler.compile(principal, body)
+        return 200, Serialized(outcome.data_json), outcome.meta
+
+    @endpoint(service)
+    def stored_context(request, principal, body):
+        return 200, service.compiler.stored_pack(principal, request.path_params["context_id"]), {}
+
+    @endpoint(service)
+    def admin_rebuild(request, principal, body):
+        principal.require("admin")
+        result = service.rebuild(principal.org_id)
+        return 200, {"generation": result.generation, "published": result.published,
+                     "entries_applied": result.entries_applied, "content_hash": result.content_hash,
+                     "claim_count": result.claim_count, "snapshot_bytes": result.snapshot_bytes,
+                     "seconds": round(result.seconds, 3), "notes": list(result.notes)}, {}
+
+    routes = [
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        *(Route(route.split(" ", 1)[1], write(route), methods=["POST"]) for route in WRITE_ROUTES),
+        Route("/v1/claims/{claim_id}/evidence", evidence, methods=["GET"]),
+        Route("/v1/context/compile", compile_context, methods=["POST"]),
+        Route("/v1/context/{context_id}", stored_context, methods=["GET"]),
+        Route("/v1/admin/rebuild", admin_rebuild, methods=["POST"]),
+        Route("/mcp", mcp_endpoint(service), methods=["POST"]),
+        Route("/openapi.json", openapi_json, methods=["GET"]),
+    ]
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        request_id = new_id("req")
+        if exc.status_code == 405:
+            return error_response(MethodNotAllowed(f"{echo(request.method)} is not allowed on "
+                                                   f"{echo(request.url.path)}"), request_id)
+        if exc.status_code == 404:
+            return error_response(NotFound(f"no route {echo(request.url.path)}"), request_id)
+        err = TitenError(exc.detail or "error")
+        err.status, err.code = exc.status_code, "VALIDATION_ERROR" if exc.status_code < 500 else "INTERNAL"
+        return error_response(err, request_id)
+
+    async def crash(request: Request, exc: Exception) -> Response:
+        request_id = new_id("req")
+        log.exception("unhandled error [%s]", request_id)
+        return error_response(Internal(f"internal error; quote request id {request_id}"), request_id)
+
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: crash})
+    app.state.service = service
+    return app

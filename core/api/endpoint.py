@@ -1,0 +1,140 @@
+"""Every route's wrapper: the one place a failure becomes an error envelope.
+
+``endpoint`` assigns the request id, enforces the body rules, authenticates,
+runs the route's work on Starlette's thread pool and wraps the answer in the
+success envelope; every failure is mapped here, once, to the error
+envelope. An unexpected exception becomes a plain ``INTERNAL`` with the
+request id — the traceback goes to the log, never to the caller.
+``mcp_endpoint`` does the same for ``POST /mcp``, in JSON-RPC's shapes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from core.api.envelope import error_response, json_response, read_body, read_raw, success_body
+from core.api.mcp import PARSE_ERROR, SERVER_ERROR, McpServer, RpcError, message_id, rpc_error
+from core.budget.items import dumps
+from core.errors import Internal, RequestTimeout, TitenError, Unavailable, ValidationError, echo
+from core.ids import new_id
+from core.snapshot.reader import DAMAGE_ERRORS
+from core.storage import StoreError
+from core.validation import parse_json_value
+
+if TYPE_CHECKING:
+    from core.service import Service
+
+log = logging.getLogger("titen.http")
+
+
+def endpoint(service: Service, *, auth: bool = True, body: bool = False, inline: bool = False,
+             serial: bool = False):
+    """Wrap a synchronous route function. Its work (key lookups, SQLite,
+    fsync, store calls, rebuilds) runs on Starlette's thread pool, never on
+    the event loop, so ``/healthz`` answers while a rebuild runs
+    (docs/architecture.md, "HTTP and errors"); ``inline`` is only for work
+    that never blocks (``/healthz`` itself, so a full pool cannot delay it).
+    ``serial`` routes read the organization's snapshot: they hold its
+    serving lock (``SnapshotReader.serving_lock``) while they run."""
+    def wrap(fn):
+        def call(request, principal, payload):
+            if not serial:
+                return fn(request, principal, payload)
+            with service.reader.serving_lock(principal.org_id):
+                return fn(request, principal, payload)
+
+        async def run(request: Request) -> Response:
+            request_id = new_id("req")
+            principal = None
+            for name, value in request.path_params.items():
+                # no id is longer: cut before anything can look it up or echo it
+                request.path_params[name] = echo(value)
+            try:
+                if auth:
+                    principal = await run_in_threadpool(service.keys.authenticate,
+                                                        request.headers.get("authorization"))
+                payload = await read_body(request, service.settings.body_timeout) if body else None
+                if inline:
+                    status, data, meta = fn(request, principal, payload)
+                else:
+                    status, data, meta = await run_in_threadpool(call, request, principal, payload)
+                return json_response(status, success_body(data, {"request_id": request_id, **meta}), request_id)
+            except RequestTimeout as exc:
+                response = error_response(exc, request_id)
+                response.headers["connection"] = "close"  # the rest of the body is never read
+                return response
+            except TitenError as exc:
+                return error_response(exc, request_id)
+            except ClientDisconnect:  # nobody to answer: one line, no traceback
+                log.warning("client disconnected before sending the whole body [%s %s %s]",
+                            request_id, request.method, echo(request.url.path))
+                return error_response(ValidationError("client disconnected"), request_id)
+            except DAMAGE_ERRORS as exc:  # a damaged snapshot file: evicted, never served
+                if principal is None:
+                    raise
+                return error_response(service.snapshot_damaged(principal.org_id, exc), request_id)
+            except StoreError:
+                log.exception("store failure [%s]", request_id)
+                return error_response(Unavailable("the store is unavailable; retry shortly"), request_id)
+            except Exception:
+                log.exception("unhandled error [%s]", request_id)
+                return error_response(Internal(f"internal error; quote request id {request_id}"), request_id)
+        return run
+    return wrap
+
+
+def mcp_endpoint(service: Service):
+    """``POST /mcp`` (core/mcp.py): one JSON-RPC message in, one JSON answer
+    out (202 for a notification); protocol and key failures are JSON-RPC
+    errors at their HTTP status, tool failures are tool results."""
+    server = McpServer(service)
+
+    async def run(request: Request) -> Response:
+        request_id = new_id("req")
+        message = None
+        try:
+            raw = await read_raw(request, service.settings.body_timeout)
+            try:
+                message = parse_json_value(raw)
+            except ValidationError as exc:
+                raise RpcError(PARSE_ERROR, exc.message, 400) from None
+            # on the thread pool, like every route's work (docs/architecture.md, "Liveness")
+            answer = await run_in_threadpool(
+                server.handle, message, lambda: service.keys.authenticate(request.headers.get("authorization")),
+                request_id, request.headers.get("mcp-protocol-version"))
+        except RpcError as exc:
+            return mcp_error(exc.status, rpc_error(message_id(message), exc.code, exc.message), request_id)
+        except ClientDisconnect:  # nobody to answer: one line, no traceback
+            log.warning("client disconnected before sending the whole body [%s POST /mcp]", request_id)
+            return mcp_error(400, rpc_error(None, SERVER_ERROR, "client disconnected",
+                                            {"code": "VALIDATION_ERROR"}), request_id)
+        except TitenError as exc:  # the key (401), the body's size (413) or its arrival (408)
+            response = mcp_error(exc.status, rpc_error(message_id(message), SERVER_ERROR, exc.message,
+                                                       {"code": exc.code}), request_id)
+            if isinstance(exc, RequestTimeout):
+                response.headers["connection"] = "close"  # the rest of the body is never read
+            return response
+        except StoreError:
+            log.exception("store failure [%s]", request_id)
+            return mcp_error(503, rpc_error(message_id(message), SERVER_ERROR, "the store is unavailable; retry "
+                                            "shortly", {"code": "UNAVAILABLE"}), request_id)
+        except Exception:
+            log.exception("unhandled error [%s]", request_id)
+            return mcp_error(500, rpc_error(message_id(message), SERVER_ERROR, f"internal error; quote request id "
+                                            f"{request_id}", {"code": "INTERNAL"}), request_id)
+        if answer is None:
+            return Response(status_code=202, headers={"x-request-id": request_id})
+        return json_response(200, dumps(answer), request_id)
+    return run
+
+
+def mcp_error(status: int, body: dict, request_id: str) -> Response:
+    response = json_response(status, dumps(body), request_id)
+    if status == 401:
+        response.headers["www-authenticate"] = "Bearer"
+    return response

@@ -1,0 +1,107 @@
+"""``titen mcp``: the MCP tools over stdio, for local agent hosts (docs/api.md, MCP; README).
+
+Newline-delimited JSON-RPC on stdin and stdout (stdout carries only
+messages; anything else goes to stderr). Two ways to answer:
+
+- **embedded**: the same ``McpServer`` as ``POST /mcp``, over a local
+  ``Service`` (``--data-dir``/``--store``) that rebuilds in-process shortly
+  after a write, like ``titen serve``; every message is authorized with the
+  one key given by ``--api-key`` or ``TITEN_API_KEY``;
+- **bridged** (``--url``): each message is POSTed to ``<url>/mcp`` with that
+  key as its Bearer token and the answer written back, so a host can reach
+  a served titen (Lambda or ``titen serve``) through a local command.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+from typing import IO, Callable
+
+from core.errors import TitenError, ValidationError
+from core.ids import new_id
+from core.api.mcp import PARSE_ERROR, SERVER_ERROR, McpServer, RpcError, message_id, rpc_error
+from core.budget.items import dumps
+from core.validation import parse_json_value
+
+Answer = Callable[[bytes], "dict | None"]
+
+
+def run(answer: Answer, stdin: IO[bytes], stdout: IO[bytes]) -> int:
+    """Answer every line of ``stdin`` on ``stdout`` until end of input."""
+    for line in stdin:
+        if not line.strip():
+            continue
+        reply = answer(line)
+        if reply is not None:
+            stdout.write(dumps(reply).encode() + b"\n")
+            stdout.flush()
+    return 0
+
+
+def embedded(service, api_key: str) -> Answer:
+    server = McpServer(service)
+    authorization = "Bearer " + api_key
+
+    def answer(line: bytes) -> dict | None:
+        message = None
+        try:
+            try:
+                message = parse_json_value(line)
+            except ValidationError as exc:
+                raise RpcError(PARSE_ERROR, exc.message) from None
+            return server.handle(message, lambda: service.keys.authenticate(authorization), new_id("req"))
+        except RpcError as exc:
+            error = rpc_error(message_id(message), exc.code, exc.message)
+        except TitenError as exc:
+            error = rpc_error(message_id(message), SERVER_ERROR, exc.message, {"code": exc.code})
+        except Exception as exc:  # the store, or a bug: say so on stderr, answer an error
+            print(f"titen mcp: {type(exc).__name__}: {exc}", file=sys.stderr)
+            error = rpc_error(message_id(message), SERVER_ERROR, "internal error", {"code": "INTERNAL"})
+        return error if _expects_answer(message) else None
+    return answer
+
+
+def bridged(url: str, api_key: str | None, timeout: float = 60.0) -> Answer:
+    endpoint = url.rstrip("/") if url.rstrip("/").endswith("/mcp") else url.rstrip("/") + "/mcp"
+    negotiated: dict[str, str] = {}
+
+    def answer(line: bytes) -> dict | None:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return rpc_error(None, PARSE_ERROR, "not valid JSON")
+        headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+        if api_key:
+            headers["authorization"] = "Bearer " + api_key
+        if "version" in negotiated:
+            headers["mcp-protocol-version"] = negotiated["version"]
+        request = urllib.request.Request(endpoint, data=line.strip(), method="POST", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                body = response.read()
+        except urllib.error.HTTPError as exc:
+            body = exc.read()
+        except OSError as exc:
+            return rpc_error(message_id(message), SERVER_ERROR, f"cannot reach {endpoint}: {exc}",
+                             {"code": "UNAVAILABLE"})
+        if not body:
+            return None  # 202: a notification
+        try:
+            reply = json.loads(body)
+        except ValueError:
+            return rpc_error(message_id(message), SERVER_ERROR, f"{endpoint} answered something other than JSON",
+                             {"code": "UNAVAILABLE"})
+        if isinstance(message, dict) and message.get("method") == "initialize":
+            version = (reply.get("result") or {}).get("protocolVersion")
+            if isinstance(version, str):
+                negotiated["version"] = version
+        return reply if _expects_answer(message) else None
+    return answer
+
+
+def _expects_answer(message) -> bool:
+    """Everything but a notification (or a response) gets an answer, errors included."""
+    return not (isinstance(message, dict) and "id" not in message)

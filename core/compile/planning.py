@@ -1,0 +1,55 @@
+"""Query planning: free task text → a safe FTS5 MATCH expression.
+
+Pure, no I/O. The task is split into words the way FTS5's unicode61
+tokenizer splits text (runs of letters and digits), case-folded, function
+words dropped unless nothing else is left, deduplicated in order, and capped
+at 16 terms. Each term is emitted as a double-quoted FTS5 string and the
+terms are OR-ed, so operators typed into a task (``NEAR``, ``AND``, ``*``,
+``^``, ``col:``, quotes, parentheses) are searched as words or dropped as
+punctuation — never executed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+MAX_TERMS = 16
+_WORD = re.compile(r"[^\W_]+")
+
+FUNCTION_WORDS = frozenset("""
+a about above after again against all also am an and any are as at be been before being below
+between both but by can could did do does doing down during each every few for from further had
+has have having he her here hers him his how i if in into is it its itself just me more most must
+my no nor not now of off on once only or other our ours out over own same she should since so
+some such than that the their theirs them then there these they this those through to too under
+until up upon very was we were what when where which while who whom why will with would you
+your yours
+""".split())
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    terms: tuple[str, ...]
+
+    @property
+    def match(self) -> str | None:
+        """The FTS5 MATCH expression, or None when there is nothing to search."""
+        if not self.terms:
+            return None
+        return " OR ".join(f'"{t}"' for t in self.terms)
+
+
+def plan_query(task: str) -> QueryPlan:
+    words = [w.casefold() for w in _WORD.findall(task)]
+    content = [w for w in words if w not in FUNCTION_WORDS]
+    chosen = content or words
+    terms: list[str] = []
+    seen: set[str] = set()
+    for w in chosen:
+        if w not in seen:
+            seen.add(w)
+            terms.append(w)
+            if len(terms) == MAX_TERMS:
+                break
+    return QueryPlan(tuple(terms))

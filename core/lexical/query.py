@@ -1,0 +1,232 @@
+"""The candidate index, queried: the best in-scope rows by bm25, exactly.
+
+The phrases' tokens (FTS5's tokenizer, via ``Connection.fts5_tokenizer``)
+→ their lists for the scope's subject, read as numpy views of the stored
+blobs → every matching row's score summed in C (``numpy.bincount`` over the
+lists concatenated in phrase order: the same additions in the same order as
+FTS5's bm25(), so bit-identical sums) → the best rows by score,
+scope-checked in that order by the caller's own predicate SQL until k are
+in scope, then every row tying the k-th score, sorted by (bm25, claim_id)
+as the FTS5 query orders them. How the platform's FTS5 adds the phrases
+(plain or fused) is the probe's answer (``core.lexical.probe``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import weakref
+from array import array
+
+import apsw
+import numpy as np
+
+from core.lexical.bm25 import (B, DL_MASK, FTS_TOKENIZER_ARGS, K1, LEX_VERSION, TF_SHIFT, idf_for,
+                               read_averages)
+from core.lexical.libm import platform_fingerprint, priced_here, recorded_fingerprint
+
+class _State:
+    __slots__ = ("ok", "tokenizer", "rowid_type", "rowid_dtype", "token_cache", "vocab_rows", "n_rows", "avgdl",
+                 "libm")
+
+    def __init__(self, db: apsw.Connection):
+        self.ok = False
+        self.vocab_rows = None  # the fts5vocab table the fused sums read df from, once created
+        self.token_cache: dict[str, str | None] = {}
+        try:
+            row = db.execute("SELECT version, n_rows, averages, rowid_type, byteorder, n_tokens FROM lex_stats"
+                             " WHERE id = 1").fetchone()
+        except apsw.SQLError:
+            return  # no lex tables in this snapshot
+        if row is None:
+            return
+        version, n_rows, averages, self.rowid_type, byteorder, n_tokens = row
+        self.n_rows = n_rows
+        self.avgdl = float(n_tokens) / float(n_rows) if n_rows else 0.0
+        self.rowid_dtype = np.int32 if self.rowid_type == "i" else np.int64
+        current, current_rows, _ = read_averages(db)
+        self.ok = (version == LEX_VERSION and byteorder == sys.byteorder and bytes(averages) == current
+                   and n_rows == current_rows)
+        self.libm = recorded_fingerprint(db)
+        if self.ok and not priced_here(self.libm):
+            # priced by another libm (or by a build that did not say): the
+            # contributions may be an ulp from this platform's FTS5
+            self.ok = False
+            logging.getLogger("titen").warning(
+                "candidate index priced under libm %r, here %r: the FTS5 query answers until a build here",
+                self.libm, platform_fingerprint())
+        self.tokenizer = db.fts5_tokenizer(*FTS_TOKENIZER_ARGS)
+
+    def token(self, term: str) -> str | None:
+        """The single FTS5 query token for a planned term, or None."""
+        tok = self.token_cache.get(term, "")
+        if tok == "":
+            toks = self.tokenizer(term.encode(), apsw.FTS5_TOKENIZE_QUERY, None,
+                                  include_offsets=False, include_colocated=False)
+            tok = toks[0] if len(toks) == 1 else None
+            if len(self.token_cache) > 100_000:
+                self.token_cache.clear()
+            self.token_cache[term] = tok
+        return tok
+
+
+# Snapshot connections are immutable (opened ?immutable=1), so what a
+# connection's lex tables look like is decided once per connection. A state
+# holds the connection's FTS5 tokenizer, which holds the connection, so the
+# weak key alone would never let go: the reader calls ``forget`` when it
+# retires a generation, and a retired connection is never cached again.
+_STATES: "weakref.WeakKeyDictionary[apsw.Connection, _State]" = weakref.WeakKeyDictionary()
+_RETIRED: "weakref.WeakSet[apsw.Connection]" = weakref.WeakSet()
+
+
+def _state(db: apsw.Connection) -> _State:
+    state = _STATES.get(db)
+    if state is None:
+        state = _State(db)
+        if db not in _RETIRED:
+            _STATES[db] = state
+    return state
+
+
+def forget(db: apsw.Connection) -> None:
+    """Drop what is cached for a retired snapshot connection, so it can be freed."""
+    _RETIRED.add(db)
+    _STATES.pop(db, None)
+
+
+class _Scope:
+    """Lazy, batched scope checks through the caller's own predicate SQL."""
+
+    def __init__(self, db: apsw.Connection, where: str, params: list):
+        self.db = db
+        self.sql = f"SELECT c.rowid, c.claim_id FROM claims c WHERE c.rowid IN carray(?) AND {where}"
+        self.params = params
+        self.claim_id: dict[int, str] = {}   # in scope → claim_id
+        self.checked: set[int] = set()
+        self.out: set[int] = set()            # checked, not in scope
+
+    def check(self, rowids) -> None:
+        todo = [r for r in rowids if r not in self.checked]
+        if not todo:
+            return
+        self.checked.update(todo)
+        ids = self.claim_id
+        for rowid, claim_id in self.db.execute(self.sql, [apsw.carray(array("q", todo)), *self.params]):
+            ids[rowid] = claim_id
+        self.out.update(r for r in todo if r not in ids)
+
+
+def _top_candidates(db: apsw.Connection, subject_id: str, where: str, params: list,
+                    terms, k: int, fused_last: bool = False) -> list[tuple[int, float]] | None:
+    """``fused_last``: sum the last phrase of an odd count as fma(ratio, idf,
+    sum so far), one rounding, as aarch64 builds of FTS5 do."""
+    state = _state(db)
+    if not state.ok:
+        return None
+    if k <= 0:
+        return []
+    tokens = []
+    for term in terms:
+        tok = state.token(term)
+        if tok is None:
+            return None
+        tokens.append(tok)
+    if not tokens:
+        return []
+    distinct = list(dict.fromkeys(tokens))
+    marks = ",".join("?" * len(distinct))
+    lists = {}  # token -> (rowids, contributions), views of the stored blobs
+    for term, rowids, contribs in db.execute(
+            f"SELECT term, rowids, contribs FROM lex_postings WHERE subject_id = ? AND term IN ({marks})",
+            [subject_id, *distinct]):
+        lists[term] = (np.frombuffer(rowids, dtype=state.rowid_dtype), np.frombuffer(contribs, dtype=np.float64))
+    phrases = [tok for tok in tokens if tok in lists]  # query order, repeats kept: one phrase each
+    if not phrases:
+        return []
+    fused = fused_last and len(tokens) % 2 == 1 and len(tokens) > 1 and tokens[-1] in lists
+    head = None
+    if fused:
+        # the plain sums rank and cut (an ulp from the fused ones); the fused
+        # sums, exact, are computed for the finalists only
+        last_rows, last_contribs = lists[tokens[-1]]
+        size = max(int(lists[tok][0][-1]) for tok in phrases) + 1
+        head = (np.bincount(np.concatenate([lists[tok][0] for tok in phrases[:-1]]),
+                            weights=np.concatenate([lists[tok][1] for tok in phrases[:-1]]), minlength=size)
+                if len(phrases) > 1 else np.zeros(size))
+        dense = head.copy()
+        dense[last_rows] += last_contribs
+        docs = np.flatnonzero(dense)
+        scores = dense[docs]
+    elif len(phrases) == 1:
+        docs, scores = lists[phrases[0]]
+    else:
+        # FTS5 sums a row's phrase contributions in phrase order, from 0.0;
+        # bincount adds its weights into each bin in input order: the lists
+        # concatenated in phrase order give the same float sums, bit for bit
+        dense = np.bincount(np.concatenate([lists[tok][0] for tok in phrases]),
+                            weights=np.concatenate([lists[tok][1] for tok in phrases]))
+        docs = np.flatnonzero(dense)  # every contribution is > 0
+        scores = dense[docs]
+    scope = _Scope(db, where, params)
+    ids = scope.claim_id
+    # the best m by score, scope-checked in that order, until k are in scope
+    n = len(docs)
+    m = min(n, k + (k >> 2))
+    while True:
+        top = np.argpartition(-scores, m - 1)[:m] if m < n else np.arange(n)
+        top = top[np.argsort(-scores[top], kind="stable")]
+        rowids = docs[top].tolist()
+        scope.check(rowids)
+        in_scope = [i for i, rowid in zip(top.tolist(), rowids) if rowid in ids]
+        if len(in_scope) >= k or m == n:
+            break
+        m = min(n, m * 4)
+    if len(in_scope) >= k:
+        # every row tying the k-th score competes on claim_id, as in ORDER BY
+        cut = scores[in_scope[k - 1]]
+        if fused:
+            cut = cut - 4 * np.spacing(cut)  # any row the fused sum may lift past the k-th
+        tied = np.flatnonzero(scores >= cut)
+        rowids = docs[tied].tolist()
+        scope.check(rowids)
+        in_scope = [i for i, rowid in zip(tied.tolist(), rowids) if rowid in ids]
+    finalists = docs[in_scope]
+    if fused:
+        final = _fused_sums(db, state, tokens[-1], finalists, head, last_rows,
+                            _tfdl(db, subject_id, tokens[-1]))
+    else:
+        final = scores[in_scope].tolist()
+    best = sorted((-1.0 * score, ids[rowid], rowid) for score, rowid in zip(final, finalists.tolist()))
+    return [(rowid, bm25) for bm25, _, rowid in best[:k]]
+
+
+def _tfdl(db: apsw.Connection, subject_id: str, token: str) -> np.ndarray:
+    """One list's packed (tf, D) inputs."""
+    raw = db.execute("SELECT tfdl FROM lex_postings WHERE subject_id = ? AND term = ?", (subject_id, token)).fetchone()
+    return np.frombuffer(raw[0], dtype=np.uint64)
+
+
+def _fused_sums(db: apsw.Connection, state, token: str, finalists: np.ndarray, head: np.ndarray,
+                last_rows: np.ndarray, last_tfdl: np.ndarray) -> list[float]:
+    """fma(ratio, idf, head sum) for rows holding the last phrase, with one
+    rounding (exact rationals: no math.fma before Python 3.13); the head sum
+    alone for the others."""
+    from fractions import Fraction
+    n_rows, avgdl = state.n_rows, state.avgdl
+    if state.vocab_rows is None:
+        db.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.lex_vocab_rows"
+                   " USING fts5vocab(main, 'claims_fts', 'row')")
+        state.vocab_rows = True
+    df = db.execute("SELECT doc FROM temp.lex_vocab_rows WHERE term = ?", (token,)).fetchone()[0]
+    idf = Fraction(idf_for(n_rows, df))
+    at = np.searchsorted(last_rows, finalists)
+    out = []
+    for rowid, i in zip(finalists.tolist(), at.tolist()):
+        s = float(head[rowid])
+        if i < len(last_rows) and int(last_rows[i]) == rowid:
+            key = int(last_tfdl[i])
+            tf, dl = float(key >> TF_SHIFT), float(key & DL_MASK)
+            ratio = (tf * (K1 + 1.0)) / (tf + K1 * (1 - B + B * dl / avgdl))
+            s = float(Fraction(ratio) * idf + Fraction(s))
+        out.append(s)
+    return out

@@ -1,0 +1,206 @@
+"""The rebuild function's work: what ``handler.rebuild.handler`` runs.
+
+Three ways in (docs/architecture.md, "Freshness on Lambda"):
+
+- **The rebuild queue** (an SQS event, ``infra/events/sqs-rebuild.json``):
+  each record asks for one organization's rebuild (``core.rebuild.queue``).
+  Records of the same organization in a batch are served by one rebuild;
+  each organization is rebuilt on its own, and the answer is a partial-batch
+  response, ``{"batchItemFailures": [{"itemIdentifier": <messageId>}, ...]}``,
+  naming only the messages of organizations that failed, so SQS retries
+  those alone (the queue's redrive policy moves a message that keeps failing
+  to the dead-letter queue). A request the published generation already
+  covers is acknowledged without rebuilding.
+- **The EventBridge schedule** (any other event without ``org_id``, e.g.
+  ``infra/events/schedule.json``): the safety net. Each registered
+  organization costs one pointer read and one ledger listing
+  (``core.rebuild.backlog``); only those with entries past their published watermark
+  are enqueued (with ``TITEN_REBUILD_QUEUE_URL``; without one, e.g. ``sam
+  local invoke``, they are rebuilt here, in turn). No snapshot is read to
+  decide.
+- **A direct invoke** with ``{"org_id": "acme"}`` (``infra/events/rebuild-org.json``)
+  rebuilds that organization now; ``"from_scratch": true`` replays its whole
+  ledger and publishes even when nothing is new.
+
+Each organization gets exactly one JSON line on stdout (CloudWatch Logs)::
+
+    {"event": "rebuild", "org_id": "acme", "status": "published", "generation": 7,
+     "published": true, "entries_applied": 12, "claim_count": 5210,
+     "seconds": 1.84, "bytes": 4194304, ...}
+
+``status`` is one of ``published``, ``unchanged``, ``covered`` (a queued
+request the serving generation already holds), ``enqueued`` (the schedule
+asked the queue), ``conflict`` (another rebuild published first: its
+generation serves, nothing is lost), ``failed`` (the error is in the line)
+or ``deferred`` (the invocation ran short of time before starting it).
+Scheduled and direct invocations return a summary of the same lines; a
+failed organization does not stop the others, but the invocation then ends
+in an error so the function's ``Errors`` metric (and any alarm on it) sees
+it. Rebuilds of different organizations run in parallel (no reserved
+concurrency of 1 any more): one writer per organization comes from the
+queue's message group plus the pointer's compare-and-swap.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from core.keys import ORG_ID
+from core.rebuild.backlog import backlog
+from core.rebuild.queue import RebuildRequestInvalid, parse_request, serve_request
+from core.snapshot.pointer import read_pointer
+from core.snapshot.publish import RebuildConflict
+
+# Start no new organization with less than this much of the invocation left:
+# a rebuild cut off by the Lambda timeout wastes its work (the previous
+# generation keeps serving, so it is never harmful).
+TIME_MARGIN_MS = 60_000
+
+
+class RebuildFailed(Exception):
+    """At least one organization failed; the others were still rebuilt."""
+
+
+def print_line(line: dict) -> None:
+    """One JSON line on stdout: CloudWatch Logs on Lambda."""
+    print(json.dumps(line, sort_keys=True), file=sys.stdout, flush=True)
+
+
+def _remaining_ms(context) -> float:
+    remaining = getattr(context, "get_remaining_time_in_millis", None)
+    return float(remaining()) if remaining else float("inf")
+
+
+def _line(org_id: str, status: str, generation, **extra) -> dict:
+    return {"event": "rebuild", "org_id": org_id, "from_scratch": False, "status": status, "published": False,
+            "entries_applied": 0, "generation": generation, "seconds": 0.0, "bytes": None, **extra}
+
+
+def _is_sqs(event) -> bool:
+    records = event.get("Records") if isinstance(event, dict) else None
+    return isinstance(records, list) and bool(records) and all(
+        isinstance(r, dict) and r.get("eventSource") == "aws:sqs" for r in records)
+
+
+class RebuildRunner:
+    """Runs rebuild events against one service; ``emit`` gets each line."""
+
+    def __init__(self, service, emit=print_line):
+        self.service = service
+        self.emit = emit
+
+    def handle(self, event, context=None) -> dict:
+        if _is_sqs(event):
+            return self.consume(event, context)
+        started = time.monotonic()
+        organizations, from_scratch = self._target(event)
+        if isinstance(event, dict) and event.get("org_id") is not None:
+            lines = []
+            for org_id in organizations:
+                line = self.rebuild_one(org_id, from_scratch)
+                self.emit(line)
+                lines.append(line)
+        else:
+            lines = self.scheduled(organizations, context)
+        summary = {"organizations": len(lines),
+                   "published": [x["org_id"] for x in lines if x["status"] == "published"],
+                   "unchanged": [x["org_id"] for x in lines if x["status"] == "unchanged"],
+                   "enqueued": [x["org_id"] for x in lines if x["status"] == "enqueued"],
+                   "conflicts": [x["org_id"] for x in lines if x["status"] == "conflict"],
+                   "failed": [x["org_id"] for x in lines if x["status"] == "failed"],
+                   "deferred": [x["org_id"] for x in lines if x["status"] == "deferred"],
+                   "results": lines,
+                   "seconds": round(time.monotonic() - started, 3)}
+        if summary["failed"]:
+            errors = "; ".join(f"{x['org_id']}: {x['error']}" for x in lines if x["status"] == "failed")
+            raise RebuildFailed(f"{len(summary['failed'])} of {len(lines)} organizations failed ({errors})")
+        return summary
+
+    def _target(self, event) -> tuple[list[str], bool]:
+        event = event if isinstance(event, dict) else {}
+        from_scratch = event.get("from_scratch", False)
+        if not isinstance(from_scratch, bool):
+            raise ValueError("from_scratch must be true or false")
+        org_id = event.get("org_id")
+        organizations = self.service.ledger.organizations()
+        if org_id is None:
+            return organizations, from_scratch
+        if not isinstance(org_id, str) or not ORG_ID.match(org_id):
+            raise ValueError("org_id must be 1-63 characters of a-z, 0-9, '_' or '-'")
+        if org_id not in organizations:
+            raise ValueError(f"no organization {org_id!r} is registered in {self.service.store.url}")
+        return [org_id], from_scratch
+
+    def rebuild_one(self, org_id: str, from_scratch: bool) -> dict:
+        started = time.monotonic()
+        line = {"event": "rebuild", "org_id": org_id, "from_scratch": from_scratch}
+        try:
+            result = self.service.builder(org_id).rebuild(from_scratch=from_scratch)
+        except RebuildConflict:
+            pointer, _ = read_pointer(self.service.store, org_id)
+            return {**line, "status": "conflict", "published": False, "entries_applied": 0,
+                    "generation": pointer["generation"] if pointer else 0,
+                    "seconds": round(time.monotonic() - started, 3), "bytes": None}
+        except Exception as exc:  # reported per organization; the rest still run
+            return {**line, "status": "failed", "published": False, "entries_applied": 0,
+                    "generation": None, "seconds": round(time.monotonic() - started, 3), "bytes": None,
+                    "error": f"{type(exc).__name__}: {exc}"}
+        return {**line, "status": "published" if result.published else "unchanged",
+                "published": result.published, "generation": result.generation,
+                "entries_applied": result.entries_applied, "claim_count": result.claim_count,
+                "content_hash": result.content_hash, "snapshot_key": result.snapshot_key,
+                "seconds": round(result.seconds, 3), "bytes": result.snapshot_bytes}
+
+    def consume(self, event, context) -> dict:
+        """An SQS batch: one rebuild per organization; the failed ones' messages retried."""
+        requests: dict[str, tuple[list[str], float]] = {}
+        for record in event["Records"]:
+            try:
+                org_id, not_before = parse_request(record.get("body", ""))
+            except RebuildRequestInvalid as exc:
+                # never retried: no rebuild can serve it (it leaves the queue)
+                self.emit({"event": "rebuild", "status": "rejected", "message_id": record.get("messageId"),
+                           "error": str(exc)})
+                continue
+            ids, latest = requests.get(org_id, ([], 0.0))
+            requests[org_id] = (ids + [record["messageId"]], max(latest, not_before))
+        failures: list[str] = []
+        for org_id, (ids, not_before) in requests.items():
+            if _remaining_ms(context) < TIME_MARGIN_MS:
+                line = _line(org_id, "deferred", None)
+            else:
+                line = serve_request(self.service.store, org_id, not_before,
+                                     lambda: self.rebuild_one(org_id, False))
+                if line["status"] == "covered":
+                    line = _line(org_id, "covered", line["generation"])
+            line["messages"] = len(ids)
+            self.emit(line)
+            if line["status"] in ("failed", "deferred"):
+                failures.extend(ids)
+        return {"batchItemFailures": [{"itemIdentifier": message_id} for message_id in failures]}
+
+    def scheduled(self, organizations: list[str], context) -> list[dict]:
+        """The safety net: rebuild (or, with a queue, enqueue) only what is due."""
+        queue = self.service.rebuild_queue
+        lines = []
+        for org_id in organizations:
+            try:
+                due = backlog(self.service.store, org_id)
+            except Exception as exc:
+                line = _line(org_id, "failed", None, error=f"{type(exc).__name__}: {exc}")
+            else:
+                if not due.due:
+                    line = _line(org_id, "unchanged", due.generation)
+                elif queue is not None:
+                    sent = queue.request(org_id)
+                    line = _line(org_id, "enqueued" if sent else "failed", due.generation, reason=due.reason,
+                                 **({} if sent else {"error": "the rebuild request could not be sent"}))
+                elif _remaining_ms(context) < TIME_MARGIN_MS:
+                    line = _line(org_id, "deferred", due.generation)
+                else:
+                    line = self.rebuild_one(org_id, False)
+            self.emit(line)
+            lines.append(line)
+        return lines

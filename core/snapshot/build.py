@@ -1,0 +1,292 @@
+"""Building one organization's next generation: previous file + new ledger entries.
+
+previous snapshot + ledger entries after its watermark → a new SQLite file
+→ published (``core.snapshot.publish``) under a new generation with its
+sha256. The rules this module enforces:
+
+- **No lost writes under clock skew.** Listing restarts ``skew_seconds``
+  behind the watermark, and entries already applied inside that window are
+  skipped (the ``applied`` table), so an entry from a lagging clock is
+  applied late but applied, and applying the same ledger twice changes
+  nothing.
+- **Order-independent folding** (``core.snapshot.apply``): an incremental
+  build and a from-scratch replay (``from_scratch=True``) reach the same
+  canonical content; both report its hash (``core.snapshot.content_hash``).
+- **Never built on what cannot be trusted.** A previous generation that is
+  missing, fails its sha256, has another schema or counted item tokens with
+  another tokenizer is not extended: the ledger is replayed, and ``notes``
+  say why.
+- **Nothing new, nothing published**: a build that applied no entry keeps
+  the published generation (unless its candidate index was priced by
+  another libm, or its vector index is not this embedder's).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import apsw
+
+from core.budget.tokens import TOKENIZER_ID
+from core.checksum import file_sha256
+from core.ids import uuid7_floor_hex, uuid7_ms
+from core.instants import canonical, now_utc
+from core.layout import RUN_SUFFIX, entry_hex_of, ledger_prefix
+from core.ledger import Ledger
+from core.lexical import LexicalChanges, priced_here, recorded_fingerprint, update_lexical_index
+from core.meta_table import read_meta, write_meta
+from core.snapshot import content_hash, housekeeping
+from core.snapshot.apply import apply_entry
+from core.snapshot.keep import KeptGeneration
+from core.snapshot.pointer import read_pointer
+from core.snapshot.projections import refresh_projections
+from core.snapshot.publish import publish
+from core.snapshot.schema import DDL, SCHEMA_VERSION
+from core.storage import ObjectNotFound, Store
+
+DEFAULT_SKEW_SECONDS = 600
+DEFAULT_KEEP_BYTES = 1 << 30
+
+
+@dataclass
+class RebuildResult:
+    org_id: str
+    generation: int
+    published: bool
+    entries_applied: int
+    content_hash: str
+    claim_count: int
+    snapshot_bytes: int
+    seconds: float
+    snapshot_key: str | None
+    # what the build started from when that was not the published generation
+    # (e.g. "previous generation 8 fails its sha256: built from the ledger")
+    notes: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def file_meta(path: str, key: str) -> str | None:
+    """One value of a snapshot file's meta table (None if absent or unreadable)."""
+    db = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        return read_meta(db, key)
+    finally:
+        db.close()
+
+
+class SnapshotBuilder:
+    def __init__(self, store: Store, org_id: str, *, work_dir: str | None = None,
+                 skew_seconds: int = DEFAULT_SKEW_SECONDS,
+                 progress: Callable[[str], None] | None = None,
+                 before_publish: Callable[[], None] | None = None,
+                 embedder=None, keep_bytes: int | None = None):
+        self.store = store
+        self.embedder = embedder  # None: no vector index (and nothing vector-related imported)
+        self.vector_stats = None  # core.vectors.index.SyncStats of the last build, when vectors are on
+        self.org_id = org_id
+        self.ledger = Ledger(store)
+        self.work_dir = work_dir or tempfile.gettempdir()
+        self.skew_ms = int(skew_seconds * 1000)
+        self.progress = progress or (lambda message: None)
+        self.before_publish = before_publish  # a test seam: a crash just before the swap
+        # the published file stays in work_dir for the next build (0: never)
+        self.kept = KeptGeneration(self.work_dir, org_id, DEFAULT_KEEP_BYTES if keep_bytes is None else keep_bytes,
+                                   self.progress)
+        self.lexical_stats: dict | None = None  # what the last build did to the candidate index
+        self.housekeeping: dict | None = None  # what the last build's sweep removed (core/snapshot/housekeeping.py)
+        self.notes: list[str] = []  # why the last build did not start from the published generation
+
+    def rebuild(self, *, from_scratch: bool = False, force: bool = False) -> RebuildResult:
+        started = time.monotonic()
+        if housekeeping.due(self.store, self.org_id):
+            self.housekeeping = housekeeping.sweep(self.store, self.org_id)
+        self.notes = []
+        pointer, etag = read_pointer(self.store, self.org_id)
+        os.makedirs(self.work_dir, exist_ok=True)
+        work = os.path.join(self.work_dir, f"build-{self.org_id}-{secrets.token_hex(6)}.sqlite")
+        try:
+            db = self._open_work(work, None if from_scratch else pointer)
+            try:
+                built = self._build(db, pointer, from_scratch, force)
+                untouched = db.total_changes() == 0
+            finally:
+                db.close()
+            if built is None:  # nothing new: the published generation stands
+                if untouched:  # still exactly the published file, so keep it
+                    self.kept.keep(work, pointer["snapshot_key"], pointer["sha256"], os.path.getsize(work))
+                return RebuildResult(self.org_id, pointer["generation"], False, 0, pointer["content_hash"],
+                                     pointer["claim_count"], pointer["bytes"], time.monotonic() - started,
+                                     pointer["snapshot_key"], tuple(self.notes))
+            generation, applied, fields = built
+            size = os.path.getsize(work)
+            key, sha = publish(self.store, self.org_id, work, size, generation, pointer, etag, fields,
+                               self.progress, self.before_publish)
+            self.kept.keep(work, key, sha, size)
+            return RebuildResult(self.org_id, generation, True, applied, fields["content_hash"],
+                                 fields["claim_count"], size, time.monotonic() - started, key, tuple(self.notes))
+        finally:
+            for suffix in ("", "-journal", "-wal", "-shm"):
+                try:
+                    os.unlink(work + suffix)
+                except FileNotFoundError:
+                    pass
+
+    def _build(self, db: apsw.Connection, pointer: dict | None, from_scratch: bool,
+               force: bool) -> tuple[int, int, dict] | None:
+        """Apply what is new and finish the file: (generation, entries
+        applied, the pointer fields of what it holds), or None when there is
+        nothing to publish."""
+        # an incremental build keeps the content sums and the candidate
+        # index current as it goes; a build from empty computes both once
+        # at the end
+        sums = content_hash.decode(read_meta(db, content_hash.META_KEY))
+        row_digests = content_hash.RowDigests(db, sums) if sums is not None else None
+        lexical = LexicalChanges(record=self._has_lexical_index(db))
+        # recorded in the pointer: every entry stored before this instant is
+        # in the generation (core/rebuild/queue.py, core/rebuild/backlog.py)
+        listed_at = canonical(now_utc())
+        applied = self._apply_new_entries(db, lexical)
+        if row_digests is not None:
+            row_digests.close()
+            sums = row_digests.sums
+        # (a generation whose candidate index another libm priced is priced
+        # again here even with nothing new: core.lexical.libm; a pointer from
+        # before watermarks were published is republished once)
+        if (pointer is not None and applied == 0 and not from_scratch and not force
+                and self._vectors_current(pointer) and priced_here(recorded_fingerprint(db))
+                and "watermark" in pointer):
+            return None
+        generation = (pointer["generation"] if pointer else 0) + 1
+        self.progress(f"{self.org_id}: updating the candidate index")
+        with db:
+            # after the last change to claims_fts
+            self.lexical_stats = update_lexical_index(db, lexical, self.progress)
+        if sums is None:
+            self.progress(f"{self.org_id}: hashing content")
+            sums = content_hash.scan(db)
+        digest = content_hash.digest(sums)
+        claim_count = db.execute("SELECT count(*) FROM claims").fetchone()[0]
+        fields = {"content_hash": digest, "claim_count": claim_count}
+        if self.embedder is not None:
+            # outside the content hash: derived, and a failure here still
+            # publishes the lexical snapshot (meta says why)
+            from core.vectors.index import seed_embed_cache, sync_vectors
+            if pointer is not None and read_meta(db, "vector_fingerprint") is None:
+                # a replay from empty: reuse the previous generation's embeddings
+                seed_embed_cache(db, self.store, pointer["snapshot_key"], self.work_dir, self.progress)
+            self.vector_stats = sync_vectors(db, self.embedder, self.progress)
+            fields["vector"] = self._vector_record("error" if self.vector_stats.error else "ok")
+        elif read_meta(db, "vector_status") is not None:
+            # an index carried over from a build with an embedder misses this
+            # build's claims: no reader may trust it as complete
+            write_meta(db, vector_status="stale", vector_error="built without an embedder")
+        write_meta(db, generation=generation, content_hash=digest, built_at=canonical(now_utc()),
+                   claim_count=claim_count, **{content_hash.META_KEY: content_hash.encode(sums)})
+        db.execute("PRAGMA optimize")
+        # the last ledger entry applied, and when the ledger was listed:
+        # enough to tell, without the snapshot, whether anything is new
+        fields.update(watermark=read_meta(db, "watermark") or "", ledger_listed_at=listed_at)
+        return generation, applied, fields
+
+    # -- the starting point ----------------------------------------------------
+
+    def _open_work(self, work: str, pointer: dict | None) -> apsw.Connection:
+        if pointer is not None:
+            if self.kept.take(work, pointer):
+                self.progress(f"{self.org_id}: starting from generation {pointer['generation']}, kept locally")
+            else:
+                try:
+                    self.store.download_file(pointer["snapshot_key"], work)
+                except ObjectNotFound:
+                    # A missing previous generation: replay (docs/architecture.md).
+                    self._replay_because(f"previous generation {pointer['generation']} is missing from the store")
+                    pointer = None
+                if pointer is not None and file_sha256(work) != pointer["sha256"]:
+                    # A damaged previous generation is never built upon: replay.
+                    self._replay_because(f"previous generation {pointer['generation']} fails its sha256")
+                    os.unlink(work)
+                    pointer = None
+        if pointer is not None and file_meta(work, "schema_version") != str(SCHEMA_VERSION):
+            # Built by another version of the schema: its tables cannot
+            # be extended in place, but the ledger can always be replayed.
+            self._replay_because(f"previous generation {pointer['generation']} has another schema")
+            os.unlink(work)
+            pointer = None
+        if pointer is not None and file_meta(work, "item_tokenizer") != TOKENIZER_ID:
+            # Its stored item counts were made with another tokenizer: every
+            # claim is priced again, from the ledger.
+            self._replay_because(f"previous generation {pointer['generation']} counted tokens with "
+                                 "another tokenizer")
+            os.unlink(work)
+            pointer = None
+        db = apsw.Connection(work)
+        db.execute("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA cache_size=-65536")
+        if pointer is None:
+            with db:
+                db.execute(DDL)
+                write_meta(db, org_id=self.org_id, schema_version=SCHEMA_VERSION, watermark="",
+                           item_tokenizer=TOKENIZER_ID)
+        return db
+
+    def _replay_because(self, why: str) -> None:
+        note = f"{why}: built from the ledger"
+        self.notes.append(note)
+        self.progress(f"{self.org_id}: {note}")
+
+    @staticmethod
+    def _has_lexical_index(db: apsw.Connection) -> bool:
+        return db.execute("SELECT 1 FROM sqlite_master WHERE name = 'lex_stats'").fetchone() is not None
+
+    # -- the new entries --------------------------------------------------------
+
+    def _apply_new_entries(self, db: apsw.Connection, lexical: LexicalChanges) -> int:
+        watermark = read_meta(db, "watermark") or ""
+        start_after = None
+        if watermark:
+            floor = uuid7_floor_hex(uuid7_ms(watermark) - self.skew_ms)
+            start_after = ledger_prefix(self.org_id) + floor
+        keys = [k for k in self.ledger.keys_after(self.org_id, start_after)
+                if not k.endswith(RUN_SUFFIX)
+                and not db.execute("SELECT 1 FROM applied WHERE entry_key=?", (k,)).fetchone()]
+        if not keys:
+            return 0
+        self.progress(f"{self.org_id}: applying {len(keys)} ledger entries")
+        touched: set[str] = set()
+        applied = 0
+        last_report = time.monotonic()
+        with ThreadPoolExecutor(max_workers=8) as pool, db:
+            for key, entry in zip(keys, pool.map(self.ledger.read_raw, keys)):
+                apply_entry(db, entry, touched)
+                db.execute("INSERT INTO applied(entry_key) VALUES(?)", (key,))
+                applied += 1
+                if time.monotonic() - last_report > 2:
+                    last_report = time.monotonic()
+                    self.progress(f"{self.org_id}: applied {applied}/{len(keys)} entries")
+            self.progress(f"{self.org_id}: refreshing projections of {len(touched)} claims")
+            refresh_projections(db, touched, lexical)
+            new_watermark = max(watermark, max(entry_hex_of(k) for k in keys))
+            prune_before = ledger_prefix(self.org_id) + uuid7_floor_hex(uuid7_ms(new_watermark) - self.skew_ms)
+            db.execute("DELETE FROM applied WHERE entry_key < ?", (prune_before,))
+            write_meta(db, watermark=new_watermark)
+        return applied
+
+    # -- the vector index ---------------------------------------------------------
+
+    def _vectors_current(self, pointer: dict) -> bool:
+        """Whether the published generation already has this embedder's
+        complete vector index (else a rebuild with no new entries still runs)."""
+        if self.embedder is None:
+            return True
+        return pointer.get("vector") == self._vector_record("ok")
+
+    def _vector_record(self, status: str) -> dict:
+        from core.vectors.index import INDEX_LAYOUT
+        return {"fingerprint": self.embedder.fingerprint.key(), "layout": INDEX_LAYOUT, "status": status}

@@ -1,0 +1,379 @@
+"""The serving side of snapshots: one read-only generation per organization.
+
+Rules: a reader asks for ``current.json`` at most every ``ttl_seconds`` per
+organization (conditionally, by ETag); on change it fetches the new file into
+its cache directory, verifies the sha256 recorded in the pointer, opens it
+read-only and swaps it in as one reference assignment. Any failure on that
+path keeps the old generation serving and is remembered for ``/readyz``. At
+most ``max_organizations`` snapshots are held (least recently used evicted,
+their files deleted).
+
+Never a silent wrong answer (docs/architecture.md, "Damaged snapshots"):
+
+- only a file whose sha256 matched the pointer is ever opened (copies left
+  in the cache by an earlier process are deleted, never reused); at each
+  TTL check the open file's size is compared with the pointer's, and a
+  forced refresh (after ``POST /v1/admin/rebuild``) hashes it again;
+- a SQLite damage error while serving (``DAMAGE_ERRORS``) evicts that
+  generation (``evict_damaged``): the request answers 503, ``/readyz`` says
+  why, and the next request fetches and verifies the generation afresh;
+- ``current`` returns ``None`` only when no generation is published; when
+  one is but none verified is loaded it raises ``Unavailable``, so compile
+  is a 503, never an empty pack.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import apsw
+
+from core.budget.tokens import TOKENIZER_ID
+from core.checksum import file_sha256
+from core.errors import Unavailable
+from core.instants import canonical, now_utc, parse_instant
+from core.layout import pointer_key
+from core.lexical import forget
+from core.meta_table import all_meta
+from core.snapshot.schema import SCHEMA_VERSION
+from core.storage import ObjectNotFound, Store
+
+
+POINTER_READ_FAILED = "reading the snapshot pointer failed"
+
+# SQLite errors that mean the file being read is damaged, not the request.
+DAMAGE_ERRORS = (apsw.CorruptError, apsw.NotADBError, apsw.IOError, apsw.FormatError)
+
+
+@dataclass(eq=False)  # one object per loaded generation: compared (and weakly keyed) by identity
+class Snapshot:
+    org_id: str
+    generation: int
+    pointer: dict
+    path: str
+    db: apsw.Connection
+    watermark: str
+    meta: dict = field(default_factory=dict)  # the snapshot's meta table
+
+    @property
+    def item_tokens_trusted(self) -> bool:
+        """Whether the item counts stored at build were made with this
+        process's tokenizer (name and merge-table hash); if not, compile
+        counts every item itself."""
+        return self.meta.get("item_tokenizer") == TOKENIZER_ID
+
+    @property
+    def claim_count(self) -> int:
+        return int(self.pointer.get("claim_count", 0))
+
+    def age_seconds(self) -> float:
+        return max(0.0, (now_utc() - parse_instant(self.pointer["published_at"])).total_seconds())
+
+
+@dataclass
+class _OrgState:
+    snapshot: Snapshot | None = None
+    etag: str | None = None
+    checked_at: float = float("-inf")
+    last_error: str | None = None
+    refused_etag: str | None = None  # a pointer whose generation failed verification
+    refusal: str | None = None  # why the pointer's generation was refused, until one loads
+    published: bool | None = None  # does the store hold a pointer? None: not known yet
+    last_eviction: str | None = None  # why the last served generation was evicted as damaged
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def unavailable_reason(self) -> str | None:
+        """Why nothing verified is served although a generation may exist."""
+        if self.snapshot is not None or self.published is False:
+            return None
+        reason = self.last_error or self.last_eviction or "no generation verified yet"
+        return f"no verified generation is loaded: {reason}"
+
+
+def open_readonly(path: str, on_open=None) -> apsw.Connection:
+    db = apsw.Connection(f"file:{path}?immutable=1",
+                         flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
+    db.execute("PRAGMA cache_size=-32768; PRAGMA temp_store=MEMORY")
+    if on_open is not None:
+        on_open(db)  # e.g. load sqlite-vec, only when vectors are configured
+    return db
+
+
+class SnapshotReader:
+    def __init__(self, store: Store, cache_dir: str, ttl_seconds: float = 5.0,
+                 max_organizations: int = 16, on_open=None, max_bytes: int | None = None):
+        self.store = store
+        self.on_open = on_open
+        self.cache_dir = cache_dir
+        self.ttl = ttl_seconds
+        self.max_organizations = max_organizations
+        self._orgs: OrderedDict[str, _OrgState] = OrderedDict()
+        self._serving: dict[str, threading.RLock] = {}
+        self._lock = threading.Lock()
+        os.makedirs(cache_dir, exist_ok=True)
+        # the disk budget of the cache, downloads in flight included
+        # (docs/architecture.md, "The snapshot cache is bounded by bytes")
+        self.max_bytes = max_bytes if max_bytes is not None else default_cache_bytes(cache_dir)
+        # Copies left by an earlier process are never reused (a generation is
+        # fetched and verified afresh); unlinking one another process still
+        # has open is safe, its open handle keeps the data.
+        for name in os.listdir(cache_dir):
+            if name.endswith((".sqlite", ".part")):
+                try:
+                    os.unlink(os.path.join(cache_dir, name))
+                except FileNotFoundError:
+                    pass
+
+    def _state(self, org_id: str) -> _OrgState:
+        with self._lock:
+            state = self._orgs.get(org_id)
+            if state is None:
+                state = self._orgs[org_id] = _OrgState()
+            self._orgs.move_to_end(org_id)
+            evicted = []
+            while len(self._orgs) > self.max_organizations:
+                _, old = self._orgs.popitem(last=False)
+                evicted.append(old)
+        for old in evicted:
+            if old.snapshot is not None:
+                self._discard(old.snapshot)
+        return state
+
+    def current(self, org_id: str) -> Snapshot | None:
+        """The verified generation to serve now, refreshed if the TTL has
+        passed; ``None`` only when the organization has no published
+        generation. ``Unavailable`` when one is published but none verified
+        is loaded (a damaged file, an unreachable store at start-up)."""
+        snapshot, reason = self.check(org_id)
+        if reason is not None:
+            raise Unavailable(f"the snapshot of this organization is unavailable ({reason}); "
+                              "retry shortly, or rebuild it")
+        return snapshot
+
+    def check(self, org_id: str) -> tuple[Snapshot | None, str | None]:
+        """(the generation served, why none can be) refreshing if due; never raises."""
+        state = self._state(org_id)
+        if time.monotonic() - state.checked_at >= self.ttl:
+            self.refresh(org_id)
+        snapshot = state.snapshot
+        return snapshot, (state.unavailable_reason() if snapshot is None else None)
+
+    def evict_damaged(self, org_id: str, exc: BaseException) -> str:
+        """SQLite reported damage while serving: drop the generation served
+        (its file deleted), remember why, and refetch at the next request."""
+        state = self._state(org_id)
+        with state.lock:
+            old = state.snapshot
+            generation = old.generation if old is not None else 0
+            reason = (f"generation {generation} evicted at {canonical(now_utc())}: SQLite reported "
+                      f"{type(exc).__name__} while serving it; fetching and verifying it again")
+            if old is not None:
+                state.snapshot, state.etag, state.refused_etag = None, None, None
+                state.checked_at = float("-inf")
+                state.last_eviction = reason
+                self._discard(old)
+        return reason
+
+    def refresh(self, org_id: str, force: bool = False) -> Snapshot | None:
+        state = self._state(org_id)
+        with state.lock:
+            if not force and time.monotonic() - state.checked_at < self.ttl:
+                return state.snapshot
+            state.checked_at = time.monotonic()
+            self._check_open_file(state, full=force)
+            try:
+                obj = self.store.get_if_changed(pointer_key(org_id), state.etag)
+            except ObjectNotFound:
+                if state.snapshot is not None:  # the pointer vanished: keep what was verified
+                    return state.snapshot
+                state.published, state.last_error = False, None
+                return None  # no generation published yet: nothing to serve
+            except Exception as exc:  # the store is unreachable: keep serving
+                state.last_error = f"{POINTER_READ_FAILED}: {type(exc).__name__}"
+                return state.snapshot
+            state.published = True
+            if state.last_error and state.last_error.startswith(POINTER_READ_FAILED):
+                state.last_error = None  # the store answers again
+            if obj is None or obj.etag == state.refused_etag:
+                return state.snapshot
+            try:
+                snapshot = self._load(org_id, json.loads(obj.body))
+            except SnapshotRejected as exc:
+                # the same bad generation is not fetched again; a new pointer is
+                served = ("still serving generation %d" % state.snapshot.generation if state.snapshot
+                          else "no generation is being served; compile answers 503 until a rebuild "
+                               "publishes a verified one")
+                state.last_error, state.refused_etag = f"{exc}; {served}", obj.etag
+                state.refusal = None if isinstance(exc, SnapshotTooLarge) else str(exc)
+                return state.snapshot
+            except Exception as exc:
+                state.last_error = f"loading the new generation failed: {type(exc).__name__}"
+                return state.snapshot
+            old, state.snapshot, state.etag, state.last_error = state.snapshot, snapshot, obj.etag, None
+            state.refusal = None
+            if old is not None and old.path != snapshot.path:
+                self._discard(old)
+            return snapshot
+
+    def _check_open_file(self, state: _OrgState, *, full: bool) -> None:
+        """Evict the served generation when its cached file no longer is the
+        verified one: missing or of another size (cheap, every TTL check), or
+        (``full``, on a forced refresh) of another sha256."""
+        snap = state.snapshot
+        if snap is None:
+            return
+        try:
+            size = os.path.getsize(snap.path)
+            damaged = size != int(snap.pointer.get("bytes", size))
+            if not damaged and full:
+                damaged = file_sha256(snap.path) != snap.pointer["sha256"]
+            what = "its sha256 or size no longer matches the pointer"
+        except OSError as exc:
+            damaged, what = True, f"its cached file is unreadable ({type(exc).__name__})"
+        if damaged:
+            state.last_eviction = (f"generation {snap.generation} evicted at {canonical(now_utc())}: {what}; "
+                                   "fetching and verifying it again")
+            state.snapshot, state.etag, state.refused_etag = None, None, None
+            self._discard(snap)
+
+    def serving_lock(self, org_id: str) -> threading.RLock:
+        """Held by a request for as long as it reads this organization's
+        snapshot: an apsw connection may not run in two threads at once
+        (ThreadingViolationError), and compile's per-generation caches
+        assume one reader at a time. Other organizations, writes, rebuilds
+        and ``/healthz`` run beside it (docs/architecture.md, "Liveness")."""
+        with self._lock:
+            lock = self._serving.get(org_id)
+            if lock is None:
+                lock = self._serving[org_id] = threading.RLock()
+            return lock
+
+    def cached_bytes(self) -> int:
+        """Bytes of the generations held (their pointers' sizes)."""
+        with self._lock:
+            states = list(self._orgs.values())
+        return sum(int(st.snapshot.pointer.get("bytes", 0)) for st in states if st.snapshot is not None)
+
+    def _make_room(self, org_id: str, state: _OrgState, generation: int, needed: int) -> None:
+        """Evict least recently used organizations' generations until
+        ``needed`` more bytes fit in the budget; as a last resort this
+        organization's own older generation (the new one replaces it).
+        Called with ``state.lock`` held."""
+        if needed > self.max_bytes:
+            raise SnapshotTooLarge(
+                f"generation {generation} needs {needed} bytes, more than this "
+                f"instance's snapshot cache budget of {self.max_bytes} bytes (TITEN_CACHE_BYTES, derived "
+                "from the ephemeral storage size); it cannot be served here")
+        while self.cached_bytes() + needed > self.max_bytes:
+            with self._lock:
+                victims = [(o, st) for o, st in self._orgs.items() if o != org_id and st.snapshot is not None]
+            evicted = False
+            for other, st in victims:  # least recently used first
+                if not st.lock.acquire(blocking=False):
+                    continue  # loading right now: try the next one
+                try:
+                    old, st.snapshot, st.etag = st.snapshot, None, None
+                    st.checked_at = float("-inf")
+                finally:
+                    st.lock.release()
+                with self._lock:
+                    if self._orgs.get(other) is st:
+                        del self._orgs[other]
+                if old is not None:
+                    self._discard(old)
+                evicted = True
+                break
+            if not evicted:
+                if state.snapshot is not None:
+                    old, state.snapshot = state.snapshot, None
+                    self._discard(old)
+                    continue
+                return  # only files still being read by other requests are left
+
+    def _load(self, org_id: str, pointer: dict) -> Snapshot:
+        generation = int(pointer["generation"])
+        self._make_room(org_id, self._state(org_id), generation, int(pointer.get("bytes", 0)))
+        final = os.path.join(self.cache_dir, f"{org_id}-{generation:012d}-{secrets.token_hex(4)}.sqlite")
+        tmp = final + ".part"
+        try:
+            self.store.download_file(pointer["snapshot_key"], tmp)
+            actual = file_sha256(tmp)
+            if actual != pointer["sha256"]:
+                raise SnapshotRejected(
+                    f"generation {generation} refused: its sha256 {actual[:12]}… does not match the "
+                    f"recorded {pointer['sha256'][:12]}…")
+            os.replace(tmp, final)
+        except ObjectNotFound:
+            raise SnapshotRejected(f"generation {generation} refused: its file "
+                                   f"{pointer['snapshot_key']} is missing from the store") from None
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        try:
+            db = open_readonly(final, self.on_open)
+            meta = all_meta(db)
+        except DAMAGE_ERRORS as exc:
+            os.unlink(final)
+            raise SnapshotRejected(f"generation {generation} refused: SQLite reports {type(exc).__name__} "
+                                   "on opening it") from None
+        if int(meta.get("schema_version", 0)) != SCHEMA_VERSION:
+            db.close()
+            os.unlink(final)
+            raise SnapshotRejected(
+                f"generation {generation} refused: schema version {meta.get('schema_version')} is not "
+                f"{SCHEMA_VERSION}; the next rebuild replays the ledger into the current schema")
+        watermark = meta["watermark"]
+        return Snapshot(org_id, generation, pointer, final, db, watermark, meta=meta)
+
+    @staticmethod
+    def _discard(snapshot: Snapshot) -> None:
+        # Requests still holding the old connection finish on it: the file is
+        # unlinked, not truncated, and the connection closes when released
+        # (nothing cached may keep it: see core.lexical.forget).
+        forget(snapshot.db)
+        try:
+            os.unlink(snapshot.path)
+        except FileNotFoundError:
+            pass
+
+    def status(self, org_id: str) -> dict:
+        state = self._state(org_id)
+        snap = state.snapshot
+        return {"generation": snap.generation if snap else 0,
+                "generation_age_seconds": round(snap.age_seconds(), 3) if snap else None,
+                "claim_count": snap.claim_count if snap else 0,
+                "last_refresh_error": state.last_error,
+                "last_eviction": state.last_eviction,
+                "unavailable": state.unavailable_reason()}
+
+    def needs_repair(self, org_id: str) -> str | None:
+        """Why the published generation was refused here, if it was: a
+        rebuild should then build from the ledger rather than on it."""
+        return self._state(org_id).refusal
+
+    def loaded(self) -> list[str]:
+        with self._lock:
+            return list(self._orgs)
+
+
+class SnapshotRejected(Exception):
+    """A fetched generation failed verification and was not served."""
+
+
+class SnapshotTooLarge(SnapshotRejected):
+    """A generation larger than the whole cache budget: not damaged, just
+    not servable by this instance (no rebuild repairs it)."""
+
+
+def default_cache_bytes(cache_dir: str) -> int:
+    """75% of the volume the cache lives on (on Lambda: /tmp, the function's
+    ephemeral storage), when ``TITEN_CACHE_BYTES`` is not set."""
+    import shutil
+    return int(shutil.disk_usage(cache_dir).total * 0.75)
+

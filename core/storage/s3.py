@@ -1,0 +1,342 @@
+"""The production store: one S3 bucket (optionally under a key prefix).
+
+Why it exists: on AWS Lambda there is no durable local disk, so every key,
+ledger entry, snapshot and pointer lives in S3. The ``Store`` contract was
+written with S3's semantics, so this backend maps each operation onto one S3
+call and adds no client-side coordination — S3's conditional writes are the
+only concurrency control:
+
+- ``put_if_absent`` / ``upload_file``  -> ``PutObject`` with ``IfNoneMatch="*"``;
+- ``compare_and_swap``                 -> ``PutObject`` with ``IfMatch=<etag>``;
+- ``get_if_changed``                   -> ``GetObject`` with ``IfNoneMatch=<etag>``
+  (a 304 answer means "unchanged" -> ``None``).
+
+Error mapping:
+
+- 412 ``PreconditionFailed`` -> ``core.store.PreconditionFailed``;
+- 409 ``ConditionalRequestConflict`` (S3 saw a concurrent conditional write on
+  the same key) is *not* an answer: we re-read the key and re-check the
+  condition. If it can no longer hold (put-if-absent: the key now exists;
+  CAS: the ETag moved on or the key is gone) -> ``PreconditionFailed``;
+  otherwise the write is retried, a bounded number of times with a small
+  jittered backoff, after which ``StoreError``;
+- ``NoSuchKey`` (HeadObject: ``404``) -> ``ObjectNotFound`` (for CAS, a missing key is a lost
+  precondition, as in the local store);
+- any other S3 or transport error -> ``StoreError`` with a clear message.
+
+Throttling (503 SlowDown), 5xx answers and transient network errors are
+retried by botocore's "standard" retry mode with ``max_attempts=5`` (which
+botocore reads as 5 retries after the first try, with exponential backoff);
+nothing here retries them again, so a caller never waits unboundedly.
+
+A retried conditional write can find its own earlier attempt: S3 applied it
+but the answer was lost (a 5xx or a dropped connection after the write). So
+when a write that was retried (by botocore, or after a 409 here) loses its
+condition, the object now stored is read back: the very bytes we sent mean
+the write is ours and succeeded (``_ours``); anything else is a real
+``PreconditionFailed``. A first attempt that loses is never read back, so
+the contract (a second identical put-if-absent fails) is unchanged. Every
+body written under a condition is unique to its writer (ids, generations),
+so equal bytes cannot be someone else's write.
+
+Keys are validated with the same rules as the local store, so a key accepted
+here is accepted everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from typing import Any, BinaryIO, Iterator
+from urllib.parse import urlparse
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from core.storage.contract import ObjectNotFound, PreconditionFailed, Store, StoredObject, StoreError
+
+ENDPOINT_ENV = "TITEN_S3_ENDPOINT_URL"
+
+_BOTO_CONFIG = Config(retries={"mode": "standard", "max_attempts": 5})
+_CONFLICT_ATTEMPTS = 5          # tries of one conditional write under 409s
+_CONFLICT_BACKOFF = 0.05        # seconds, doubled per attempt, jittered
+_CHUNK = 1 << 20
+
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+_NOT_MODIFIED_CODES = frozenset({"304", "NotModified"})
+
+
+def _error_code(e: ClientError) -> str:
+    return str(e.response.get("Error", {}).get("Code", ""))
+
+
+def _status(e: ClientError) -> int | None:
+    return e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+
+
+def _retry_attempts(e: ClientError) -> int:
+    return int(e.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) or 0)
+
+
+def _is_not_found(e: ClientError) -> bool:
+    # By code, not bare 404: NoSuchBucket is also a 404 and is a StoreError.
+    # (HeadObject has no body, so its 404 arrives with code "404".)
+    return _error_code(e) in _NOT_FOUND_CODES
+
+
+def _is_precondition_failed(e: ClientError) -> bool:
+    return _error_code(e) == "PreconditionFailed" or _status(e) == 412
+
+
+def _is_conflict(e: ClientError) -> bool:
+    return _error_code(e) == "ConditionalRequestConflict" or _status(e) == 409
+
+
+def _describe(e: Exception, op: str, bucket: str, key: str) -> str:
+    if isinstance(e, ClientError):
+        err = e.response.get("Error", {})
+        return (f"S3 {op} s3://{bucket}/{key} failed: {err.get('Code', '?')} "
+                f"(HTTP {_status(e)}): {err.get('Message', '')}".rstrip(": "))
+    return f"S3 {op} s3://{bucket}/{key} failed: {type(e).__name__}: {e}"
+
+
+class S3Store(Store):
+    """A ``Store`` over ``s3://bucket[/prefix]``; see the module docstring."""
+
+    def __init__(self, bucket: str, prefix: str = "", *, client: Any | None = None):
+        if not bucket:
+            raise StoreError("S3 store needs a bucket name")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        # One client per store, created once here (boto3 clients are
+        # thread-safe; creating them is not, and is slow on a cold start).
+        self.client = client if client is not None else self._make_client()
+
+    @classmethod
+    def from_url(cls, url: str, *, client: Any | None = None) -> "S3Store":
+        """``s3://bucket`` or ``s3://bucket/some/prefix``."""
+        parsed = urlparse(url)
+        if parsed.scheme != "s3" or not parsed.netloc:
+            raise StoreError(f"not an s3:// store URL: {url!r}")
+        return cls(parsed.netloc, parsed.path, client=client)
+
+    @staticmethod
+    def _make_client() -> Any:
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        endpoint = os.environ.get(ENDPOINT_ENV) or None
+        return boto3.client("s3", region_name=region, endpoint_url=endpoint, config=_BOTO_CONFIG)
+
+    # -- keys ----------------------------------------------------------------
+
+    def _full(self, key: str) -> str:
+        parts = key.split("/")
+        if not key or key.startswith("/") or any(p in ("", ".", "..") or p.startswith(".") for p in parts):
+            raise StoreError(f"invalid store key: {key!r}")
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _full_prefix(self, prefix: str) -> str:
+        return f"{self.prefix}/{prefix}" if self.prefix else prefix
+
+    def _strip(self, full_key: str) -> str:
+        return full_key[len(self.prefix) + 1:] if self.prefix else full_key
+
+    def _fail(self, e: Exception, op: str, key: str) -> StoreError:
+        return StoreError(_describe(e, op, self.bucket, self._full_prefix(key)))
+
+    # -- reads ---------------------------------------------------------------
+
+    def get(self, key: str) -> StoredObject:
+        obj = self._get(key, None)
+        assert obj is not None
+        return obj
+
+    def get_if_changed(self, key: str, etag: str | None) -> StoredObject | None:
+        return self._get(key, etag)
+
+    def _get(self, key: str, if_none_match: str | None) -> StoredObject | None:
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._full(key)}
+        if if_none_match is not None:
+            kwargs["IfNoneMatch"] = if_none_match
+        try:
+            resp = self.client.get_object(**kwargs)
+            stream = resp["Body"]
+            try:
+                body = stream.read()
+            finally:
+                stream.close()
+        except ClientError as e:
+            if if_none_match is not None and (_error_code(e) in _NOT_MODIFIED_CODES or _status(e) == 304):
+                return None
+            if _is_not_found(e):
+                raise ObjectNotFound(key) from None
+            raise self._fail(e, "GetObject", key) from None
+        except BotoCoreError as e:
+            raise self._fail(e, "GetObject", key) from None
+        return StoredObject(key, body, resp["ETag"])
+
+    def list_keys(self, prefix: str, start_after: str | None = None, *,
+                  page_size: int | None = None) -> Iterator[str]:
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._full_prefix(prefix)}
+        if start_after is not None:
+            kwargs["StartAfter"] = self._full_prefix(start_after)
+        if page_size is not None:
+            kwargs["PaginationConfig"] = {"PageSize": page_size}
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(**kwargs):
+                for item in page.get("Contents", ()):
+                    yield self._strip(item["Key"])
+        except (ClientError, BotoCoreError) as e:
+            raise self._fail(e, "ListObjectsV2", prefix) from None
+
+    def list_modified(self, prefix: str) -> Iterator[tuple[str, float]]:
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.bucket, Prefix=self._full_prefix(prefix)):
+                for item in page.get("Contents", ()):
+                    yield self._strip(item["Key"]), item["LastModified"].timestamp()
+        except (ClientError, BotoCoreError) as e:
+            raise self._fail(e, "ListObjectsV2", prefix) from None
+
+    def download_file(self, key: str, path: str) -> None:
+        """Stream the object to ``path`` in 1 MiB chunks (via a temp file in
+        the same directory, renamed into place, so a failed download never
+        leaves a truncated file at ``path``)."""
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=self._full(key))
+        except ClientError as e:
+            if _is_not_found(e):
+                raise ObjectNotFound(key) from None
+            raise self._fail(e, "GetObject", key) from None
+        except BotoCoreError as e:
+            raise self._fail(e, "GetObject", key) from None
+        # (StreamingBody.__enter__ hands back the raw stream, which skips
+        # botocore's content-length check, so close explicitly instead.)
+        stream = resp["Body"]
+        tmp = f"{path}.part-{os.getpid()}-{threading.get_ident()}"
+        try:
+            with open(tmp, "wb") as f:
+                for chunk in stream.iter_chunks(_CHUNK):
+                    f.write(chunk)
+            os.replace(tmp, path)
+        except (ClientError, BotoCoreError) as e:
+            raise self._fail(e, "GetObject (body)", key) from None
+        finally:
+            stream.close()
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    # -- writes --------------------------------------------------------------
+
+    def put_if_absent(self, key: str, body: bytes) -> str:
+        return self._conditional_put(key, body, if_match=None)
+
+    def compare_and_swap(self, key: str, body: bytes, expected_etag: str) -> str:
+        return self._conditional_put(key, body, if_match=expected_etag)
+
+    def upload_file(self, key: str, path: str) -> str:
+        """Create ``key`` from a local file with put-if-absent semantics.
+
+        The file is streamed as the body of one ``PutObject`` with
+        ``IfNoneMatch="*"`` (not multipart): fine for the snapshots we store
+        (up to a few hundred MB); a single PUT is limited to 5 GB.
+        """
+        with open(path, "rb") as f:
+            return self._conditional_put(key, f, if_match=None)
+
+    def _conditional_put(self, key: str, body: bytes | BinaryIO, if_match: str | None) -> str:
+        full = self._full(key)
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": full}
+        if if_match is None:
+            kwargs["IfNoneMatch"] = "*"
+        else:
+            kwargs["IfMatch"] = if_match
+        for attempt in range(_CONFLICT_ATTEMPTS):
+            if not isinstance(body, (bytes, bytearray)):
+                body.seek(0)
+            try:
+                return self.client.put_object(Body=body, **kwargs)["ETag"]
+            except ClientError as e:
+                retried = attempt > 0 or _retry_attempts(e) > 0
+                if _is_precondition_failed(e):
+                    ours = self._ours(key, body) if retried else None
+                    if ours is not None:
+                        return ours
+                    raise PreconditionFailed(
+                        f"{key} already exists" if if_match is None else f"{key} changed") from None
+                if if_match is not None and _is_not_found(e):
+                    raise PreconditionFailed(f"{key} does not exist") from None
+                if not _is_conflict(e):
+                    raise self._fail(e, "PutObject", key) from None
+            except BotoCoreError as e:
+                raise self._fail(e, "PutObject", key) from None
+            # 409: a concurrent conditional write was in flight. Re-check.
+            try:
+                self._recheck(key, if_match)
+            except PreconditionFailed:
+                ours = self._ours(key, body) if retried else None
+                if ours is not None:
+                    return ours
+                raise
+            if attempt + 1 < _CONFLICT_ATTEMPTS:
+                time.sleep(_CONFLICT_BACKOFF * (2 ** attempt) * (0.5 + random.random()))
+        raise StoreError(
+            f"S3 PutObject s3://{self.bucket}/{full} failed: ConditionalRequestConflict "
+            f"persisted after {_CONFLICT_ATTEMPTS} attempts")
+
+    def _ours(self, key: str, body: bytes | BinaryIO) -> str | None:
+        """The stored object's ETag when it holds exactly ``body`` (our own
+        earlier attempt landed), else None."""
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=self._full(key))
+        except ClientError as e:
+            if _is_not_found(e):
+                return None
+            raise self._fail(e, "GetObject", key) from None
+        except BotoCoreError as e:
+            raise self._fail(e, "GetObject", key) from None
+        stream = resp["Body"]
+        try:
+            if isinstance(body, (bytes, bytearray)):
+                same = stream.read() == bytes(body)
+            else:
+                body.seek(0)
+                same = all(body.read(len(chunk)) == chunk for chunk in stream.iter_chunks(_CHUNK))
+                same = same and body.read(1) == b""
+        except (ClientError, BotoCoreError) as e:
+            raise self._fail(e, "GetObject (body)", key) from None
+        finally:
+            stream.close()
+        return resp["ETag"] if same else None
+
+    def _recheck(self, key: str, if_match: str | None) -> None:
+        """After a 409: raise ``PreconditionFailed`` if the condition can no
+        longer hold, else return so the write is retried."""
+        try:
+            current = self.client.head_object(Bucket=self.bucket, Key=self._full(key))["ETag"]
+        except ClientError as e:
+            if not _is_not_found(e):
+                raise self._fail(e, "HeadObject", key) from None
+            current = None
+        except BotoCoreError as e:
+            raise self._fail(e, "HeadObject", key) from None
+        if if_match is None:
+            if current is not None:
+                raise PreconditionFailed(f"{key} already exists")
+        elif current is None:
+            raise PreconditionFailed(f"{key} does not exist")
+        elif current.strip('"') != if_match.strip('"'):
+            raise PreconditionFailed(f"{key} changed")
+
+    def delete(self, key: str) -> None:
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._full(key))
+        except ClientError as e:
+            if _is_not_found(e):
+                return
+            raise self._fail(e, "DeleteObject", key) from None
+        except BotoCoreError as e:
+            raise self._fail(e, "DeleteObject", key) from None

@@ -1,0 +1,183 @@
+"""The snapshot's ``vec0`` index: built and kept in line with the claims.
+
+Build (``sync_vectors``, called by the rebuild after the lexical snapshot is
+complete): every active or disputed claim has one row in ``claims_vec`` with
+metadata columns ``org_id``, ``subject_id``, ``project_id`` and ``reader``
+(who may read it, ``reader_tag``), so the KNN filters inside the index; rows
+of claims that left compile scope are deleted. Vectors come from
+``embed_cache`` (keyed by the sha256 of the prepared statement and the
+fingerprint key) first, so a text is embedded once however many generations
+it lives through. A fingerprint change drops the index and re-embeds
+everything. Neither table is canonical content (the content hash never reads
+them). A failing embedder leaves the lexical snapshot publishable:
+``meta.vector_status`` says ``error`` and why.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import apsw
+
+from core.domain import COMPILABLE_SQL
+from core.meta_table import read_meta, write_meta
+from core.vectors.embedder import Embedder, EmbedderError, text_sha256
+
+INDEX_LAYOUT = "2"  # claims_vec's columns; another layout is dropped and rebuilt
+EMBED_BATCH = 32
+# a rowid table: WITHOUT ROWID would store 1.5 KB vectors at three times their size
+VEC_TABLES_DDL = """
+CREATE TABLE IF NOT EXISTS embed_cache(
+  text_sha256 TEXT NOT NULL, fingerprint TEXT NOT NULL, vector BLOB NOT NULL,
+  PRIMARY KEY(text_sha256, fingerprint));
+"""
+
+
+def load_sqlite_vec(db: apsw.Connection) -> None:
+    import sqlite_vec
+
+    db.enable_load_extension(True)
+    try:
+        db.load_extension(sqlite_vec.loadable_path())
+    finally:
+        db.enable_load_extension(False)
+
+
+def pack_vector(vector: list[float]) -> bytes:
+    return struct.pack(f"{len(vector)}f", *vector)
+
+
+def _has_table(db, name):
+    return db.execute("SELECT 1 FROM sqlite_master WHERE name=?", (name,)).fetchone() is not None
+
+
+def reader_tag(visibility: str, workspace_id: str | None, owner_id: str) -> str:
+    """Who may read a claim, as one metadata value the KNN filters on
+    (``core.scope.can_read`` in a form vec0's IN can test)."""
+    if visibility == "organization":
+        return "org"
+    if visibility == "team":
+        return f"team:{workspace_id}" if workspace_id is not None else "none"
+    return f"private:{owner_id}"
+
+
+class SyncStats:
+    def __init__(self):
+        self.embedded = 0       # texts sent to the embedder
+        self.cached = 0         # vectors taken from embed_cache
+        self.removed = 0
+        self.error: str | None = None
+
+    def as_dict(self):
+        return dict(self.__dict__)
+
+
+def sync_vectors(db: apsw.Connection, embedder: Embedder, progress=lambda m: None) -> SyncStats:
+    """Bring ``claims_vec`` in line with the claims in compile scope."""
+    stats = SyncStats()
+    try:
+        _sync(db, embedder, progress, stats)
+    except Exception as exc:  # the lexical snapshot still publishes; compile says vector "error"
+        stats.error = f"{type(exc).__name__}: {exc}"[:300]
+        with db:
+            write_meta(db, vector_status="error", vector_error=stats.error)
+        return stats
+    with db:
+        write_meta(db, vector_status="ok", vector_error="")
+    return stats
+
+
+def _sync(db: apsw.Connection, embedder: Embedder, progress, stats: SyncStats) -> None:
+    fp = embedder.fingerprint
+    key = fp.key()
+    load_sqlite_vec(db)
+    with db:
+        db.execute(VEC_TABLES_DDL)
+        if (read_meta(db, "vector_fingerprint") != key or read_meta(db, "vector_layout") != INDEX_LAYOUT
+                or not _has_table(db, "claims_vec")):
+            if _has_table(db, "claims_vec"):
+                db.execute("DROP TABLE claims_vec")
+            # metadata columns only, no partition key: a partition preallocates
+            # whole chunks (1024 vectors), so one per subject would bloat the file
+            db.execute(f"CREATE VIRTUAL TABLE claims_vec USING vec0(org_id text, subject_id text,"
+                       f" project_id text, reader text, embedding float[{fp.dimensions}] distance_metric=cosine)")
+            db.execute("DELETE FROM embed_cache WHERE fingerprint != ?", (key,))
+            write_meta(db, vector_fingerprint=key, vector_layout=INDEX_LAYOUT,
+                      vector_fingerprint_json=json.dumps(fp.as_dict(), sort_keys=True), vector_status="building")
+    want = {row[0]: row[1:] for row in db.execute(
+        "SELECT rowid, org_id, subject_id, project_id, visibility, workspace_id, owner_id, statement FROM claims"
+        f" WHERE status IN {COMPILABLE_SQL}")}
+    have = {r[0] for r in db.execute("SELECT rowid FROM claims_vec")}
+    gone = sorted(have - want.keys())
+    if gone:
+        with db:
+            db.executemany("DELETE FROM claims_vec WHERE rowid=?", [(r,) for r in gone])
+        stats.removed = len(gone)
+    missing = sorted(want.keys() - have)
+    if missing:
+        progress(f"vectors: indexing {len(missing)} claims")
+    for start in range(0, len(missing), EMBED_BATCH):
+        batch = missing[start:start + EMBED_BATCH]
+        shas = {r: text_sha256(want[r][-1]) for r in batch}
+        distinct = sorted(set(shas.values()))
+        found = dict(db.execute(
+            f"SELECT text_sha256, vector FROM embed_cache WHERE fingerprint=? AND text_sha256 IN"
+            f" ({','.join('?' * len(distinct))})", [key, *distinct]))
+        todo = sorted({shas[r] for r in batch if shas[r] not in found})
+        texts = {}
+        for r in batch:
+            texts.setdefault(shas[r], want[r][-1])
+        if todo:
+            vectors = embedder.embed([texts[s] for s in todo])
+            if len(vectors) != len(todo) or any(len(v) != fp.dimensions for v in vectors):
+                raise EmbedderError("the embedder returned vectors of the wrong number or dimension")
+            stats.embedded += len(todo)
+            with db:
+                for s, v in zip(todo, vectors):
+                    blob = pack_vector(v)
+                    found[s] = blob
+                    db.execute("INSERT OR REPLACE INTO embed_cache VALUES(?, ?, ?)", (s, key, blob))
+        stats.cached += len(batch) - len(todo)
+        with db:
+            for r in batch:
+                org, subject, project, visibility, workspace, owner, _ = want[r]
+                db.execute("INSERT INTO claims_vec(rowid, org_id, subject_id, project_id, reader, embedding)"
+                           " VALUES(?, ?, ?, ?, ?, ?)", (r, org, subject, project or "",
+                                                         reader_tag(visibility, workspace, owner),
+                                                         found[shas[r]]))
+
+
+def seed_embed_cache(db: apsw.Connection, store, snapshot_key: str, work_dir: str, progress=lambda m: None) -> int:
+    """Copy the embedding cache of a published generation into a snapshot
+    being replayed from empty, so a replay re-embeds nothing it already had.
+    Best effort: any failure just means more texts to embed."""
+    import os
+    import secrets
+
+    path = os.path.join(work_dir, f"seed-{secrets.token_hex(6)}.sqlite")
+    try:
+        store.download_file(snapshot_key, path)
+        with db:
+            db.execute(VEC_TABLES_DDL)
+            db.execute("ATTACH DATABASE ? AS seed", (path,))
+        try:
+            if db.execute("SELECT 1 FROM seed.sqlite_master WHERE name='embed_cache'").fetchone() is None:
+                return 0
+            with db:
+                db.execute("INSERT OR IGNORE INTO main.embed_cache SELECT text_sha256, fingerprint, vector"
+                           " FROM seed.embed_cache")
+            copied = db.execute("SELECT count(*) FROM main.embed_cache").fetchone()[0]
+            progress(f"vectors: {copied} cached embeddings carried into the replay")
+            return copied
+        finally:
+            db.execute("DETACH DATABASE seed")
+    except Exception as exc:
+        progress(f"vectors: the previous embedding cache could not be reused ({type(exc).__name__})")
+        return 0
+    finally:
+        for suffix in ("", "-journal"):
+            try:
+                os.unlink(path + suffix)
+            except FileNotFoundError:
+                pass

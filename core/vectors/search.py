@@ -1,0 +1,83 @@
+"""Compile's semantic candidate step: embed the task, KNN in the snapshot's index.
+
+Embed the task under a timeout, KNN at most ``KNN_K`` among what the caller
+may read in its org, subject and project, drop hits below the cosine floor.
+Ids are then hydrated through the same scoped query as lexical ones
+(``core.compile.retrieval``), so visibility, status and validity apply again.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+from core.vectors.embedder import Embedder, EmbedderError, Fingerprint
+from core.vectors.index import INDEX_LAYOUT, pack_vector
+
+KNN_K = 100
+
+
+def reader_tags(principal) -> list[str]:
+    """The ``reader`` values (``core.vectors.index.reader_tag``) this principal may read."""
+    return ["org", f"private:{principal.principal_id}", *(f"team:{w}" for w in principal.workspaces)]
+
+
+class VectorSearch:
+    """Step 2's semantic half, for one configured embedder."""
+
+    def __init__(self, embedder: Embedder, timeout_s: float = 2.0):
+        self.embedder = embedder
+        self.fingerprint: Fingerprint = embedder.fingerprint
+        self.timeout_s = timeout_s
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="embed")
+
+    def problem(self, snapshot) -> str | None:
+        """Why this snapshot's vectors cannot serve this embedder, or None."""
+        meta = snapshot.meta
+        if meta.get("vector_fingerprint") is None:
+            return "the snapshot has no vector index (rebuild with the embedder configured)"
+        if meta.get("vector_fingerprint") != self.fingerprint.key():
+            return (f"the snapshot's vectors have fingerprint {meta.get('vector_fingerprint')}, the configured "
+                    f"embedder {self.fingerprint.key()}; a rebuild re-embeds")
+        if meta.get("vector_layout") != INDEX_LAYOUT:
+            return "the snapshot's vector index has another layout; a rebuild recreates it from the cache"
+        if meta.get("vector_status") != "ok":
+            return f"the snapshot's vector index is incomplete: {meta.get('vector_error') or meta.get('vector_status')}"
+        return None
+
+    def embed_task(self, task: str) -> list[float]:
+        future = self._pool.submit(self.embedder.embed, [task])
+        try:
+            vectors = future.result(timeout=self.timeout_s)
+        except FutureTimeout:
+            future.cancel()
+            raise EmbedderError(f"embedding the task took longer than {self.timeout_s * 1000:.0f} ms") from None
+        if len(vectors) != 1 or len(vectors[0]) != self.fingerprint.dimensions:
+            raise EmbedderError("the embedder returned a vector of the wrong dimension")
+        return vectors[0]
+
+    def search(self, snapshot, scope, task: str) -> list[tuple[int, float]]:
+        """(rowid, cosine similarity) of the nearest claims in the caller's
+        org, subject and project, best first, at or above the floor. Raises
+        on any failure; the caller degrades to the lexical result."""
+        problem = self.problem(snapshot)
+        if problem:
+            raise EmbedderError(problem)
+        vector = self.embed_task(task)
+        # org, subject, project and visibility filter inside the index, so what
+        # the caller may not read never takes one of the k places; status,
+        # validity and visibility are applied again by the scoped hydrate
+        readers = reader_tags(scope.principal)
+        sql = ("SELECT rowid, distance FROM claims_vec WHERE embedding MATCH ? AND k = ?"
+               f" AND org_id = ? AND subject_id = ? AND reader IN ({','.join('?' * len(readers))})")
+        params = [pack_vector(vector), KNN_K, scope.principal.org_id, scope.subject_id, *readers]
+        if scope.project_id is not None:
+            sql += " AND project_id = ?"
+            params.append(scope.project_id)
+        floor = self.fingerprint.cosine_floor
+        hits = []
+        for rowid, distance in snapshot.db.execute(sql, params):
+            similarity = 1.0 - distance
+            if similarity >= floor:
+                hits.append((rowid, similarity))
+        return hits
