@@ -182,13 +182,6 @@ class Service:
             import logging
             logging.getLogger("titen").exception("in-process rebuild of %s failed", org_id)
 
-    def wait_for_rebuilds(self) -> None:
-        """Run any scheduled rebuild now (tests and shutdown)."""
-        with self._guard:
-            pending = list(self._timers.items())
-        for org_id, timer in pending:
-            timer.cancel()
-            self._run_scheduled(org_id)
 
 
 def _transition(action: str):

@@ -1,4 +1,4 @@
-"""Compile through HTTP, to the letter of DESIGN §5."""
+"""Compile through HTTP, to the letter of docs/api.md §9 (the compile contract)."""
 
 import hashlib
 import json

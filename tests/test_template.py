@@ -1,4 +1,4 @@
-"""template.yaml: cfn-lint clean, the properties DESIGN §6 asks for, and
+"""template.yaml: cfn-lint clean, the properties docs/architecture.md ("Lambda") asks for, and
 least-privilege IAM checked against what the code really does.
 
 The IAM tests record every store operation the API and the rebuild perform

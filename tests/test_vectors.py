@@ -1,4 +1,4 @@
-"""The vector path (DESIGN §5 steps 2–4, "A vector or model outage degrades…").
+"""The vector path (docs/api.md §9 steps 2–4, "A vector or model outage degrades…").
 
 Most tests use the deterministic ``hash:<dims>`` embedder (feature hashing, no
 model) so they are exact and fast; one runs the real local model
