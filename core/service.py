@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import threading
+import time
 
 from core.compile.compiler import Compiler
 from core.config import Settings
@@ -47,15 +48,14 @@ class Service:
             from core.vectors import from_spec
             self.embedder = from_spec(settings.embedder)
         if self.embedder is not None:
-            from core.vectors.search import VectorSearch
             from core.vectors.index import load_sqlite_vec
+            from core.vectors.search import VectorSearch
             self.vectors = VectorSearch(self.embedder, settings.embed_timeout_ms / 1000)
 
             def on_open(db):
                 try:
                     load_sqlite_vec(db)
                 except Exception:  # served lexical-only; compile says vector "error"
-                    import logging
                     logging.getLogger("titen").exception("loading sqlite-vec failed")
         self.vector_state = "used" if self.vectors is not None else "disabled"
         self.reader = SnapshotReader(self.store, settings.cache_dir, settings.snapshot_ttl, settings.max_orgs,
@@ -73,6 +73,7 @@ class Service:
         self.idempotency = Idempotency(self.store)
         self._rebuild_locks: dict[str, threading.Lock] = {}
         self._timers: dict[str, threading.Timer] = {}
+        self._last_rebuild: dict[str, tuple[float, float]] = {}  # org -> (ended, seconds), monotonic
         self._guard = threading.Lock()
 
     def write(self, principal, route: str, params: dict, body, idempotency_key: str | None = None) -> Outcome:
@@ -165,10 +166,18 @@ class Service:
                              line.get("seconds", 0.0), line.get("snapshot_key"))
 
     def _schedule_rebuild(self, org_id: str) -> None:
+        """A rebuild of the organization ``AUTO_REBUILD_DELAY`` after the first
+        write since the last one began; while writes keep coming, rebuilds
+        are spaced by their own duration (at most half the time rebuilding,
+        so a bulk load is not slowed down by the generations it causes)."""
         with self._guard:
             if org_id in self._timers:
                 return
-            timer = threading.Timer(AUTO_REBUILD_DELAY, self._run_scheduled, args=(org_id,))
+            delay = AUTO_REBUILD_DELAY
+            if org_id in self._last_rebuild:
+                ended, took = self._last_rebuild[org_id]
+                delay = max(delay, ended + took - time.monotonic())
+            timer = threading.Timer(delay, self._run_scheduled, args=(org_id,))
             timer.daemon = True
             self._timers[org_id] = timer
         timer.start()
@@ -176,11 +185,13 @@ class Service:
     def _run_scheduled(self, org_id: str) -> None:
         with self._guard:
             self._timers.pop(org_id, None)
+        started = time.monotonic()
         try:
             self.rebuild(org_id)
         except Exception:  # the next write or an explicit rebuild tries again
-            import logging
             logging.getLogger("titen").exception("in-process rebuild of %s failed", org_id)
+        with self._guard:
+            self._last_rebuild[org_id] = (time.monotonic(), time.monotonic() - started)
 
 
 

@@ -80,12 +80,12 @@ def create_app(service: Service) -> Starlette:
                                                   else {"idempotent_replay": outcome.replay})
         return run
 
-    @endpoint(service, serial=True)
+    @endpoint(service)
     def evidence(request, principal, body):
         data, meta = claim_evidence(service.reader, principal, request.path_params["claim_id"])
         return 200, data, meta
 
-    @endpoint(service, body=True)  # Compiler.compile holds the serving lock itself
+    @endpoint(service, body=True)
     def compile_context(request, principal, body):
         outcome = service.compiler.compile(principal, body)
         return 200, Serialized(outcome.data_json), outcome.meta

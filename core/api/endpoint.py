@@ -32,22 +32,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("titen.http")
 
 
-def endpoint(service: Service, *, auth: bool = True, body: bool = False, inline: bool = False,
-             serial: bool = False):
+def endpoint(service: Service, *, auth: bool = True, body: bool = False, inline: bool = False):
     """Wrap a synchronous route function. Its work (key lookups, SQLite,
     fsync, store calls, rebuilds) runs on Starlette's thread pool, never on
     the event loop, so ``/healthz`` answers while a rebuild runs
     (docs/architecture.md, "HTTP and errors"); ``inline`` is only for work
-    that never blocks (``/healthz`` itself, so a full pool cannot delay it).
-    ``serial`` routes read the organization's snapshot: they hold its
-    serving lock (``SnapshotReader.serving_lock``) while they run."""
+    that never blocks (``/healthz`` itself, so a full pool cannot delay it)."""
     def wrap(fn):
-        def call(request, principal, payload):
-            if not serial:
-                return fn(request, principal, payload)
-            with service.reader.serving_lock(principal.org_id):
-                return fn(request, principal, payload)
-
         async def run(request: Request) -> Response:
             request_id = new_id("req")
             principal = None
@@ -62,7 +53,7 @@ def endpoint(service: Service, *, auth: bool = True, body: bool = False, inline:
                 if inline:
                     status, data, meta = fn(request, principal, payload)
                 else:
-                    status, data, meta = await run_in_threadpool(call, request, principal, payload)
+                    status, data, meta = await run_in_threadpool(fn, request, principal, payload)
                 return json_response(status, success_body(data, {"request_id": request_id, **meta}), request_id)
             except RequestTimeout as exc:
                 response = error_response(exc, request_id)

@@ -4,7 +4,7 @@ One function serves the HTTP route and the MCP tool, so both apply the same
 scope check and the same visibility rule (docs/api.md, evidence): a claim the
 caller may not read is ``NOT_FOUND`` exactly like one that does not exist,
 and a claim contradicted only by evidence this reader may not see reads as
-``active``. It reads the snapshot under the organization's serving lock
+``active``. It reads the snapshot through a connection leased for the request
 (an apsw connection is used by one thread at a time).
 """
 
@@ -14,19 +14,21 @@ from core.errors import NotFound
 from core.keys import Principal
 from core.scope import disputed_for, readable_evidence, reported_status
 from core.snapshot.lookups import claim_for_reader, observations_for_reader
-from core.snapshot.reader import SnapshotReader
+from core.snapshot.reader import Snapshot, SnapshotReader
 
 
 def claim_evidence(reader: SnapshotReader, principal: Principal, claim_id: str) -> tuple[dict, dict]:
     """(data, meta) of the evidence answer; ``meta`` names the generation read."""
     principal.require("context:compile")
-    with reader.serving_lock(principal.org_id):  # re-entrant: the route may hold it already
-        return _claim_evidence(reader, principal, claim_id)
-
-
-def _claim_evidence(reader: SnapshotReader, principal: Principal, claim_id: str) -> tuple[dict, dict]:
     snapshot = reader.current(principal.org_id)
-    row = claim_for_reader(snapshot.db, principal, claim_id) if snapshot is not None else None
+    if snapshot is None:
+        raise NotFound(f"claim {claim_id} not found")
+    with snapshot.lease():  # a connection of its own
+        return _claim_evidence(snapshot, principal, claim_id)
+
+
+def _claim_evidence(snapshot: Snapshot, principal: Principal, claim_id: str) -> tuple[dict, dict]:
+    row = claim_for_reader(snapshot.db, principal, claim_id)
     if row is None:
         raise NotFound(f"claim {claim_id} not found")
     sources = readable_evidence(principal, row["evidence_json"])

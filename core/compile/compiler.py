@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 from core.budget.items import dumps
@@ -83,18 +84,16 @@ class Compiler:
     def compile(self, principal: Principal, body: dict) -> CompileOutcome:
         principal.require("context:compile")
         req = CompileRequest.parse(body)
-        # one reader of this organization's snapshot at a time, whoever calls
-        # (HTTP, MCP, CLI): see SnapshotReader.serving_lock
-        with self.reader.serving_lock(principal.org_id):
-            clock = Stopwatch()
-            scope = clock.lap("plan", CompileScope(principal, req.subject_id, req.project_id, req.at))
-            snapshot = self.reader.current(principal.org_id)
-            catalog = catalog_for(snapshot) if snapshot is not None else None
+        clock = Stopwatch()
+        scope = clock.lap("plan", CompileScope(principal, req.subject_id, req.project_id, req.at))
+        snapshot = self.reader.current(principal.org_id)
+        catalog = catalog_for(snapshot) if snapshot is not None else None
+        with snapshot.lease() if snapshot is not None else nullcontext():  # a connection of its own
             found = clock.lap("candidates", self.candidates(snapshot, scope, req.task))
             facts = clock.lap("hydrate", catalog.hydrate(scope, found.rowids, found.bm25.keys()) if catalog else [])
             ranked = clock.lap("rank", self.rank(facts, found, principal, req.at_s))
             packed = clock.lap("pack", self.pack(catalog, scope, ranked, req))
-            meta = clock.lap("record", self.record(principal, req, packed, found, len(facts), snapshot))
+        meta = clock.lap("record", self.record(principal, req, packed, found, len(facts), snapshot))
         return CompileOutcome(packed.data, meta, clock.laps, packed.data_json)
 
     # -- 2. candidates ---------------------------------------------------------

@@ -253,9 +253,12 @@ class SnapshotBuilder:
         if watermark:
             floor = uuid7_floor_hex(uuid7_ms(watermark) - self.skew_ms)
             start_after = ledger_prefix(self.org_id) + floor
+        # the entries of the window applied already, read in one query (a
+        # lookup per listed key cost a bulk load a query per entry per build)
+        applied_before = {k for k, in db.execute("SELECT entry_key FROM applied WHERE entry_key > ?",
+                                                  (start_after or "",))}
         keys = [k for k in self.ledger.keys_after(self.org_id, start_after)
-                if not k.endswith(RUN_SUFFIX)
-                and not db.execute("SELECT 1 FROM applied WHERE entry_key=?", (k,)).fetchone()]
+                if not k.endswith(RUN_SUFFIX) and k not in applied_before]
         if not keys:
             return 0
         self.progress(f"{self.org_id}: applying {len(keys)} ledger entries")

@@ -32,48 +32,20 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-import apsw
 
-from core.budget.tokens import TOKENIZER_ID
 from core.checksum import file_sha256
 from core.errors import Unavailable
-from core.instants import canonical, now_utc, parse_instant
+from core.instants import canonical, now_utc
 from core.layout import pointer_key
-from core.lexical import forget
 from core.meta_table import all_meta
+from core.snapshot.generation import DAMAGE_ERRORS, Snapshot, open_readonly
 from core.snapshot.schema import SCHEMA_VERSION
 from core.storage import ObjectNotFound, Store
 
+__all__ = ["DAMAGE_ERRORS", "Snapshot", "SnapshotReader", "SnapshotRejected", "SnapshotTooLarge", "open_readonly"]
+
 
 POINTER_READ_FAILED = "reading the snapshot pointer failed"
-
-# SQLite errors that mean the file being read is damaged, not the request.
-DAMAGE_ERRORS = (apsw.CorruptError, apsw.NotADBError, apsw.IOError, apsw.FormatError)
-
-
-@dataclass(eq=False)  # one object per loaded generation: compared (and weakly keyed) by identity
-class Snapshot:
-    org_id: str
-    generation: int
-    pointer: dict
-    path: str
-    db: apsw.Connection
-    watermark: str
-    meta: dict = field(default_factory=dict)  # the snapshot's meta table
-
-    @property
-    def item_tokens_trusted(self) -> bool:
-        """Whether the item counts stored at build were made with this
-        process's tokenizer (name and merge-table hash); if not, compile
-        counts every item itself."""
-        return self.meta.get("item_tokenizer") == TOKENIZER_ID
-
-    @property
-    def claim_count(self) -> int:
-        return int(self.pointer.get("claim_count", 0))
-
-    def age_seconds(self) -> float:
-        return max(0.0, (now_utc() - parse_instant(self.pointer["published_at"])).total_seconds())
 
 
 @dataclass
@@ -96,15 +68,6 @@ class _OrgState:
         return f"no verified generation is loaded: {reason}"
 
 
-def open_readonly(path: str, on_open=None) -> apsw.Connection:
-    db = apsw.Connection(f"file:{path}?immutable=1",
-                         flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
-    db.execute("PRAGMA cache_size=-32768; PRAGMA temp_store=MEMORY")
-    if on_open is not None:
-        on_open(db)  # e.g. load sqlite-vec, only when vectors are configured
-    return db
-
-
 class SnapshotReader:
     def __init__(self, store: Store, cache_dir: str, ttl_seconds: float = 5.0,
                  max_organizations: int = 16, on_open=None, max_bytes: int | None = None):
@@ -114,7 +77,6 @@ class SnapshotReader:
         self.ttl = ttl_seconds
         self.max_organizations = max_organizations
         self._orgs: OrderedDict[str, _OrgState] = OrderedDict()
-        self._serving: dict[str, threading.RLock] = {}
         self._lock = threading.Lock()
         os.makedirs(cache_dir, exist_ok=True)
         # the disk budget of the cache, downloads in flight included
@@ -242,18 +204,6 @@ class SnapshotReader:
             state.snapshot, state.etag, state.refused_etag = None, None, None
             self._discard(snap)
 
-    def serving_lock(self, org_id: str) -> threading.RLock:
-        """Held by a request for as long as it reads this organization's
-        snapshot: an apsw connection may not run in two threads at once
-        (ThreadingViolationError), and compile's per-generation caches
-        assume one reader at a time. Other organizations, writes, rebuilds
-        and ``/healthz`` run beside it (docs/architecture.md, "Liveness")."""
-        with self._lock:
-            lock = self._serving.get(org_id)
-            if lock is None:
-                lock = self._serving[org_id] = threading.RLock()
-            return lock
-
     def cached_bytes(self) -> int:
         """Bytes of the generations held (their pointers' sizes)."""
         with self._lock:
@@ -329,14 +279,14 @@ class SnapshotReader:
                 f"generation {generation} refused: schema version {meta.get('schema_version')} is not "
                 f"{SCHEMA_VERSION}; the next rebuild replays the ledger into the current schema")
         watermark = meta["watermark"]
-        return Snapshot(org_id, generation, pointer, final, db, watermark, meta=meta)
+        return Snapshot(org_id, generation, pointer, final, db, watermark, meta=meta, on_open=self.on_open)
 
     @staticmethod
     def _discard(snapshot: Snapshot) -> None:
-        # Requests still holding the old connection finish on it: the file is
-        # unlinked, not truncated, and the connection closes when released
-        # (nothing cached may keep it: see core.lexical.forget).
-        forget(snapshot.db)
+        # Requests still holding a connection of the old generation finish on
+        # it: the file is unlinked, not truncated, and its connections close
+        # when released (Snapshot.retire).
+        snapshot.retire()
         try:
             os.unlink(snapshot.path)
         except FileNotFoundError:

@@ -112,15 +112,16 @@ class TransitionWrites(WriteDesk):
         return head, obj.etag
 
     def _initial_claim(self, principal: Principal, claim_id: str) -> tuple[dict, int, str]:
-        with self.reader.serving_lock(principal.org_id):  # one reader of the snapshot at a time
-            snapshot = self.reader.current(principal.org_id)
-            row = claim_for_reader(snapshot.db, principal, claim_id) if snapshot else None
-            if row is not None:
-                record = {k: row[k] for k in ("claim_id", "subject_id", "project_id", "workspace_id", "visibility",
-                                              "owner_id", "statement", "kind", "confidence", "trust",
-                                              "observer_id", "valid_from", "valid_to")}
-                record["sources"] = claim_sources(snapshot.db, claim_id)
-                return record, row["version"], row["base_status"]
+        snapshot = self.reader.current(principal.org_id)
+        if snapshot is not None:
+            with snapshot.lease():  # a connection of its own
+                row = claim_for_reader(snapshot.db, principal, claim_id)
+                if row is not None:
+                    record = {k: row[k] for k in ("claim_id", "subject_id", "project_id", "workspace_id",
+                                                  "visibility", "owner_id", "statement", "kind", "confidence",
+                                                  "trust", "observer_id", "valid_from", "valid_to")}
+                    record["sources"] = claim_sources(snapshot.db, claim_id)
+                    return record, row["version"], row["base_status"]
         entry = self.ledger.read(principal.org_id, entry_of(parse_id(claim_id, "claim")))
         if entry is not None:
             candidates = list(entry.get("claims", []))
