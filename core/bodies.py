@@ -4,8 +4,8 @@ Each body is a ``Record`` of field specs (``Text``, ``Integer``, ``Number``,
 ``Flag``, ``Instant``, ``Record``, ``List``). ``core.validation.Fields``
 reads a field through its spec (``Fields.take``), so the checks the write,
 compile and feedback code run are these; ``schema()`` turns the same specs
-into JSON Schema for ``GET /openapi.json`` (``core/openapi.py``) and the MCP
-tools' input schemas (``core/mcp.py``). The document and the validator
+into JSON Schema for ``GET /openapi.json`` (``core/api/openapi.py``) and the MCP
+tools' input schemas (``core/api/mcp.py``). The document and the validator
 therefore cannot drift: a limit changed here changes both.
 
 The schemas never forbid what the validator accepts. Rules a schema cannot

@@ -9,11 +9,11 @@
 | TITEN_MAX_ORGS | 16 | snapshots held at once (least recently used evicted) |
 | TITEN_CACHE_BYTES | 75% of TITEN_EPHEMERAL_MB, else of the cache volume | disk budget of the snapshot cache (evicted by bytes) |
 | TITEN_EPHEMERAL_MB | unset | the function's ephemeral storage (/tmp) size; the template sets it |
-| TITEN_EMBEDDER | unset | vector capability; unset means disabled (see core.embedding) |
+| TITEN_EMBEDDER | unset | vector capability; unset means disabled (see core.vectors) |
 | TITEN_EMBED_TIMEOUT_MS | 2000 | how long compile waits for the task's embedding before going lexical |
 | TITEN_REBUILD_FUNCTION | unset | on Lambda: the rebuild function POST /v1/admin/rebuild invokes |
 | TITEN_BODY_TIMEOUT | 10 | seconds for a request body to arrive before a 408 |
-| TITEN_REBUILD_QUEUE_URL | unset | on Lambda: the SQS FIFO queue a write asks its rebuild on (core.rebuild_queue) |
+| TITEN_REBUILD_QUEUE_URL | unset | on Lambda: the SQS FIFO queue a write asks its rebuild on (core.rebuild.queue) |
 """
 
 from __future__ import annotations

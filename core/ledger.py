@@ -32,7 +32,7 @@ from core.ids import minted_at, uuid7_ms
 from core.layout import ENTRY_SUFFIX, ORGANIZATIONS_PREFIX, entry_key, ledger_prefix, organization_key
 from core.storage import ObjectNotFound, PreconditionFailed, Store
 
-LATE_AFTER_SECONDS = 60  # well inside the rebuild's skew window (core/rebuild.py)
+LATE_AFTER_SECONDS = 60  # well inside the rebuild's skew window (core/snapshot/build.py)
 MOVED = "moved"
 
 

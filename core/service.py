@@ -5,7 +5,7 @@ serve``) and shared by the HTTP app and the CLI. With ``auto_rebuild`` (the
 local mode) a write schedules an in-process rebuild of its organization a
 moment later, so a write is compile-visible within about a second. With a
 rebuild queue (``TITEN_REBUILD_QUEUE_URL``, on Lambda) a write instead sends
-its organization's rebuild request to that queue (``core.rebuild_queue``).
+its organization's rebuild request to that queue (``core.rebuild.queue``).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class Service:
     def write(self, principal, route: str, params: dict, body, idempotency_key: str | None = None) -> Outcome:
         """Every write route, for every caller (HTTP, CLI, MCP): ``route`` is
         one of ``WRITE_ROUTES``; with a key, a retry replays the first answer
-        (core/idempotency.py, docs/api.md §12)."""
+        (core/writes/idempotency.py, docs/api.md §12)."""
         scope, run = WRITE_ROUTES[route]
         principal.require(scope)  # before any record is read: a key without the scope learns nothing
         return self.idempotency.run(principal, route, idempotency_key, params, body,

@@ -6,7 +6,7 @@ runs it inside the arm64 root):
   FTS5 query answers; core.lexical.phrase_count_mode);
 - compare: random queries of 1..16 phrases over random corpora (the corpora
   of tests/test_lexical.py), the candidate step (core.lexical.top_candidates)
-  against the FTS5 candidate query (core.retrieval.fts_candidates): same
+  against the FTS5 candidate query (core.compile.retrieval.fts_candidates): same
   rows, same order, bit-identical bm25;
 - fingerprint: this platform's libm fingerprint (core.lexical);
 - cross (when given a file ``--build-cross`` wrote on another platform, the
@@ -158,7 +158,7 @@ def check_cross(path: str, queries: int) -> bool:
         expected = fts_candidates(db, where, params, plan.match, 50)
         fast = lexical.top_candidates(db, scope.subject_id, where, params, plan.terms, 50)
         served += fast is not None
-        got = fast if fast is not None else expected  # as core.retrieval.lexical_candidates does
+        got = fast if fast is not None else expected  # as core.compile.retrieval.lexical_candidates does
         mismatches += got != expected
     same = lexical.priced_here(recorded)
     print(f"cross: index priced under {recorded!r}, served under {lexical.platform_fingerprint()!r}"

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The arm64 check: Lambda runs both functions on arm64 (template.yaml), so the
 # code that must equal this platform's FTS5 bit for bit -- the candidate step
-# (core/lexical.py), ranking and packing -- is run on arm64 too, under
+# (core/lexical/), ranking and packing -- is run on arm64 too, under
 # qemu-user emulation in an arm64 Debian root.
 #
 #   sudo infra/check-arm64.sh     # 33 min from nothing on 2 shared cores, 10-20 with the root cached
 #
 # Run it after any change under the lexical, ranking or packing code
-# (core/lexical.py, core/retrieval.py, core/planning.py, core/ranking.py,
-# core/packing.py, core/tokens.py). It is not part of .ci/run.
+# (core/lexical/, core/compile/retrieval.py, core/compile/planning.py, core/compile/ranking.py,
+# core/compile/packing.py, core/budget/tokens.py). It is not part of .ci/run.
 #
 # What it does:
 # 1. builds, once, an arm64 Debian root with debootstrap (the mirror this

@@ -24,7 +24,7 @@ from core.writes.idempotency import HEADER as IDEMPOTENCY_HEADER, parse_key as p
 
 
 async def openapi_json(request: Request) -> Response:
-    """The OpenAPI 3.1 document (core/openapi.py), no key needed; built on first use."""
+    """The OpenAPI 3.1 document (core/api/openapi.py), no key needed; built on first use."""
     from core.api.openapi import document_json
     return Response(document_json(), media_type="application/json", headers={"cache-control": "no-cache"})
 

@@ -8,7 +8,7 @@ accepts) and a malformed ``Content-Length``, and answers ``/healthz``
 about 0.1 ms faster per request on loopback. Its protocol-error answer is
 replaced here by the JSON envelope (docs/api.md §3: every response from
 the service carries it where the server allows). The app keeps its own
-checks too (``core.http.read_body``), for any server and for Lambda.
+checks too (``core.api.envelope.read_body``), for any server and for Lambda.
 
 On Lambda none of this runs: API Gateway owns the connection and Mangum
 hands the app a complete request.

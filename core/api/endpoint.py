@@ -80,7 +80,7 @@ def endpoint(service: Service, *, auth: bool = True, body: bool = False, inline:
 
 
 def mcp_endpoint(service: Service):
-    """``POST /mcp`` (core/mcp.py): one JSON-RPC message in, one JSON answer
+    """``POST /mcp`` (core/api/mcp.py): one JSON-RPC message in, one JSON answer
     out (202 for a notification); protocol and key failures are JSON-RPC
     errors at their HTTP status, tool failures are tool results."""
     server = McpServer(service)

@@ -32,7 +32,7 @@ def apply_entry(db: apsw.Connection, entry: dict, touched: set[str]) -> None:
         observations, claims = entry["observations"], entry["claims"]
         if "import" in entry:
             # a line of an imported file is applied once, whichever entry
-            # brings it (core/importer.py keeps the ledger free of twins too)
+            # brings it (core/writes/importer.py keeps the ledger free of twins too)
             file_sha = entry["import"]["file_sha256"]
             fresh = set()
             for obs, line in zip(observations, entry["import"]["lines"]):
