@@ -24,7 +24,8 @@ from typing import Any
 from core.domain import (CLAIM_KINDS, FEEDBACK_OUTCOMES, MAX_TASK_CHARS, OBSERVATION_KINDS, RELATIONS, TRUST_LEVELS,
                          VISIBILITY_RANK)
 
-IDENTIFIER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
+IDENTIFIER_MAX = 128
+IDENTIFIER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,%d}$" % (IDENTIFIER_MAX - 1))
 SOURCE_TYPE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 # What ``str.strip`` removes (every character with ``str.isspace()``), so
 # "not blank" reads the same in Python and in the JSON Schema pattern.

@@ -142,6 +142,13 @@ def cmd_snapshots_rollback(args) -> int:
     return 0
 
 
+def cmd_erasures_reapply(args) -> int:
+    from core.erasure.work import reapply
+    service = _service(args)
+    print(json.dumps(reapply(service.store, args.org, stderr_progress)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="titen", description=__doc__.split("\n")[0])
     common = argparse.ArgumentParser(add_help=False)
@@ -180,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--org", required=True)
     p.add_argument("--principal", required=True)
     p.add_argument("--scopes", required=True, help="comma list of context:compile, context:feedback, "
-                                                   "memory:write, memory:verify, admin")
+                                                   "memory:write, memory:verify, memory:erase, admin")
     p.add_argument("--workspaces", default="")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=cmd_keys_create)
@@ -200,6 +207,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--org", required=True)
     p.add_argument("--generation", type=int, required=True)
     p.set_defaults(run=cmd_snapshots_rollback)
+
+    erasures = sub.add_parser("erasures", help="carry completed erasures out again").add_subparsers(
+        dest="erasures_command", required=True)
+    p = erasures.add_parser("reapply", parents=[common],
+                            help="after restoring ledger objects from a backup: erase again every record a "
+                                 "completed erasure named (reads the whole ledger)")
+    p.add_argument("--org", required=True)
+    p.set_defaults(run=cmd_erasures_reapply)
     return parser
 
 

@@ -16,7 +16,7 @@ ACTION_STATUS = {"supersede": "superseded", "revoke": "revoked", "expire": "expi
 RELATIONS = ("supports", "contradicts", "qualifies")
 FEEDBACK_OUTCOMES = ("used", "useful", "irrelevant", "incorrect", "harmful")
 POSITIVE_OUTCOMES = frozenset({"used", "useful"})
-SCOPES = ("context:compile", "context:feedback", "memory:write", "memory:verify", "admin")
+SCOPES = ("context:compile", "context:feedback", "memory:write", "memory:verify", "memory:erase", "admin")
 
 MAX_TASK_CHARS = 4000  # a compile task's length limit
 

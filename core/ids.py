@@ -7,6 +7,7 @@ prefix is a reading aid only: authority always comes from the stored record.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import threading
@@ -14,7 +15,7 @@ import time
 
 from core.instants import canonical, from_ms
 
-PREFIXES = ("obs", "claim", "ctx", "fb", "req", "key", "org", "ent")
+PREFIXES = ("obs", "claim", "ctx", "fb", "req", "key", "org", "ent", "era")
 _ID_RE = re.compile(r"^([a-z]+)_([0-9a-f]{32})$")
 _lock = threading.Lock()
 _last = [0, 0]  # last (ms, counter) so ids minted in one millisecond still sort
@@ -66,6 +67,25 @@ def minted_at(hex32: str) -> str:
     """The canonical instant of a UUIDv7's millisecond: when the ledger
     accepted the entry it names (``recorded_at``, a claim's ``created_at``)."""
     return canonical(from_ms(uuid7_ms(hex32)))
+
+
+def subject_tag(org_id: str, subject_id: str) -> str:
+    """Four hex digits of the subject's hash, written into the ids of the
+    context runs compiled for it (``tagged``): an erasure of the subject
+    finds its runs by listing ledger keys, without reading every run."""
+    return hashlib.sha256(f"{org_id}\n{subject_id}".encode()).hexdigest()[:4]
+
+
+TAG_AT = slice(24, 28)  # random bits of a UUIDv7, just before an entry id's 16 record bits
+
+
+def tagged(hex32: str, tag: str) -> str:
+    """``hex32`` with ``tag`` in place of four of its random hex digits."""
+    return hex32[:TAG_AT.start] + tag + hex32[TAG_AT.stop:]
+
+
+def tag_of(hex32: str) -> str:
+    return hex32[TAG_AT]
 
 
 def new_id(prefix: str) -> str:

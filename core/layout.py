@@ -17,6 +17,7 @@ block number.
     orgs/<org>/imports/<file sha256>/<block>   an import block's claim marker (core/writes/importer.py)
     orgs/<org>/snapshots/<generation>-<rand>.sqlite   a published generation
     orgs/<org>/snapshots/current.json          the pointer: the generation served now
+    orgs/<org>/erasures/<erasure hex>.json     an erasure's status (core/erasure/records.py)
 """
 
 from __future__ import annotations
@@ -95,6 +96,14 @@ def snapshot_generation(key: str) -> int | None:
     name = key.rsplit("/", 1)[1]
     head = name[:SNAPSHOT_NUMBER_WIDTH]
     return int(head) if head.isdigit() and len(head) == SNAPSHOT_NUMBER_WIDTH else None
+
+
+def erasures_prefix(org_id: str) -> str:
+    return f"orgs/{org_id}/erasures/"
+
+
+def erasure_key(org_id: str, erasure_hex: str) -> str:
+    return f"{erasures_prefix(org_id)}{erasure_hex}.json"
 
 
 def api_key_record(key_hash: str) -> str:

@@ -34,6 +34,9 @@ from core.storage import ObjectNotFound, PreconditionFailed, Store
 
 LATE_AFTER_SECONDS = 60  # well inside the rebuild's skew window (core/snapshot/build.py)
 MOVED = "moved"
+# what an erasure leaves at the key of an entry it emptied (core/erasure/purge.py):
+# the key stays taken, so no retry or re-run can write the entry again
+ERASED = "erased"
 
 
 def encode(entry: dict) -> bytes:

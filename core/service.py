@@ -19,7 +19,9 @@ import time
 
 from core.compile.compiler import Compiler
 from core.config import Settings
+from core.erasure.requests import ErasureDesk
 from core.errors import Conflict, Unavailable
+from core.ids import parse_id, tag_of
 from core.keys import KeyRing
 from core.ledger import Ledger
 from core.snapshot.build import RebuildResult, SnapshotBuilder
@@ -71,8 +73,9 @@ class Service:
         self.compiler = Compiler(self.ledger, self.reader, self.vector_state, self.vectors)
         self.feedback = FeedbackDesk(self.ledger, on_write)
         self.idempotency = Idempotency(self.store)
-        self._rebuild_locks: dict[str, threading.Lock] = {}
-        self._timers: dict[str, threading.Timer] = {}
+        self.erasures = ErasureDesk(self.store, on_write)
+        self._rebuild_locks: dict[str, threading.RLock] = {}
+        self._pending: set[str] = set()  # organizations with a scheduled rebuild not yet begun
         self._last_rebuild: dict[str, tuple[float, float]] = {}  # org -> (ended, seconds), monotonic
         self._guard = threading.Lock()
 
@@ -82,8 +85,11 @@ class Service:
         (core/writes/idempotency.py, docs/api.md §12)."""
         scope, run = WRITE_ROUTES[route]
         principal.require(scope)  # before any record is read: a key without the scope learns nothing
+        # feedback's entry id carries its pack's subject tag (core.ids.subject_tag), as the pack's id does
+        context_hex = parse_id(params.get("context_id"), "ctx")
         return self.idempotency.run(principal, route, idempotency_key, params, body,
-                                    lambda attempt: run(self, principal, params, body, attempt))
+                                    lambda attempt: run(self, principal, params, body, attempt),
+                                    tag=tag_of(context_hex) if context_hex else None)
 
     def builder(self, org_id: str, progress=None) -> SnapshotBuilder:
         return SnapshotBuilder(self.store, org_id, work_dir=os.path.join(self.settings.cache_dir, "build"),
@@ -102,9 +108,7 @@ class Service:
         if self.settings.rebuild_function:
             result = self._rebuild_remotely(org_id, from_scratch or bool(repair))
             return dataclasses.replace(result, notes=note + result.notes)
-        with self._guard:
-            lock = self._rebuild_locks.setdefault(org_id, threading.Lock())
-        with lock:
+        with self._rebuild_lock(org_id):
             for attempt in range(2):
                 try:
                     result = self.builder(org_id, progress).rebuild(from_scratch=from_scratch or bool(repair),
@@ -166,33 +170,39 @@ class Service:
                              line.get("seconds", 0.0), line.get("snapshot_key"))
 
     def _schedule_rebuild(self, org_id: str) -> None:
-        """A rebuild of the organization ``AUTO_REBUILD_DELAY`` after the first
-        write since the last one began; while writes keep coming, rebuilds
-        are spaced by their own duration (at most half the time rebuilding,
-        so a bulk load is not slowed down by the generations it causes)."""
+        """A rebuild of the organization ``AUTO_REBUILD_DELAY`` after a write.
+        At most one waits per organization: a write while one is pending is
+        folded into it (that rebuild lists the ledger after the write was
+        stored), and while writes keep coming rebuilds are spaced by their
+        own duration (at most half the time rebuilding, so a bulk load is
+        not slowed down by the generations it causes)."""
         with self._guard:
-            if org_id in self._timers:
+            if org_id in self._pending:
                 return
+            self._pending.add(org_id)
             delay = AUTO_REBUILD_DELAY
             if org_id in self._last_rebuild:
                 ended, took = self._last_rebuild[org_id]
                 delay = max(delay, ended + took - time.monotonic())
             timer = threading.Timer(delay, self._run_scheduled, args=(org_id,))
             timer.daemon = True
-            self._timers[org_id] = timer
         timer.start()
 
     def _run_scheduled(self, org_id: str) -> None:
-        with self._guard:
-            self._timers.pop(org_id, None)
-        started = time.monotonic()
-        try:
-            self.rebuild(org_id)
-        except Exception:  # the next write or an explicit rebuild tries again
-            logging.getLogger("titen").exception("in-process rebuild of %s failed", org_id)
-        with self._guard:
-            self._last_rebuild[org_id] = (time.monotonic(), time.monotonic() - started)
+        with self._rebuild_lock(org_id):  # behind a rebuild still running
+            with self._guard:
+                self._pending.discard(org_id)  # from here a write needs a rebuild of its own
+            started = time.monotonic()
+            try:
+                self.rebuild(org_id)
+            except Exception:  # the next write or an explicit rebuild tries again
+                logging.getLogger("titen").exception("in-process rebuild of %s failed", org_id)
+            with self._guard:
+                self._last_rebuild[org_id] = (time.monotonic(), time.monotonic() - started)
 
+    def _rebuild_lock(self, org_id: str) -> threading.RLock:
+        with self._guard:
+            return self._rebuild_locks.setdefault(org_id, threading.RLock())
 
 
 def _transition(action: str):

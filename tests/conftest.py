@@ -49,7 +49,10 @@ def store(request, tmp_path, monkeypatch):
         monkeypatch.delenv("TITEN_S3_ENDPOINT_URL", raising=False)
         serialize_moto(monkeypatch)
         with mock_aws():
-            boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="titen-test")
+            s3 = boto3.client("s3", region_name="us-east-1")
+            s3.create_bucket(Bucket="titen-test")
+            # versioned, as template.yaml's bucket is: older versions must be purged, not just overwritten
+            s3.put_bucket_versioning(Bucket="titen-test", VersioningConfiguration={"Status": "Enabled"})
             yield S3Store.from_url("s3://titen-test/pfx")
     else:  # pragma: no cover
         raise AssertionError(request.param)

@@ -14,7 +14,8 @@ import json
 from core.domain import INSTRUCTIONS
 from core.api.mcp import TOOLS
 
-TOOL_NAMES = {"titen_remember", "titen_consolidate", "titen_compile", "titen_feedback", "titen_evidence"}
+TOOL_NAMES = {"titen_remember", "titen_consolidate", "titen_compile", "titen_feedback", "titen_evidence",
+              "titen_forget"}
 UNKNOWN_CLAIM = "claim_" + "0" * 32
 STATEMENT = "Deploy smoke checks must pass before a release is promoted."
 

@@ -302,6 +302,7 @@ def test_arguments_the_tool_does_not_declare_or_requires_are_validation_errors(a
     ("titen_compile", "context:compile", compile_args()),
     ("titen_feedback", "context:feedback", {"context_id": "ctx_" + "0" * 32, "outcome": "useful"}),
     ("titen_evidence", "context:compile", {"claim_id": UNKNOWN_CLAIM}),
+    ("titen_forget", "memory:erase", {"subject_id": "user_rama"}),
 ])
 def test_each_tool_needs_the_scope_of_its_route(api, tool, scope, arguments):
     others = ",".join(s for s in ("context:compile", "context:feedback", "memory:write") if s != scope)
@@ -348,7 +349,7 @@ def test_evidence_of_a_private_claim_of_another_principal_reads_like_an_unknown_
 
 def test_every_tool_in_the_table_has_a_spec_for_its_arguments():
     assert set(TOOLS) == {"titen_remember", "titen_consolidate", "titen_compile", "titen_feedback",
-                          "titen_evidence"}
+                          "titen_evidence", "titen_forget"}
 
 
 def test_consolidating_another_organizations_observation_reads_like_an_unknown_one(api):
@@ -395,3 +396,20 @@ def test_concurrent_tool_calls_against_titen_serve_all_answer(served):
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda c: tool(*c), calls))
     assert [r["isError"] for r in results] == [False] * len(calls)
+
+
+def test_forget_is_the_subject_erasure_route_and_is_marked_destructive(api):
+    key = api.key(scopes="memory:write,memory:erase,context:compile,admin")
+    api.observe(key, content="Remember the harbour at dawn.",
+                claim={"statement": "Harbour visits happen at dawn.", "kind": "episodic_event", "confidence": 0.9})
+    api.rebuild(key)
+    listing = {t["name"]: t for t in rpc(api, key, "tools/list").json()["result"]["tools"]}
+    assert listing["titen_forget"]["annotations"]["destructiveHint"] is True
+    result = call_tool(api, key, "titen_forget", {"subject_id": "user_rama"})
+    assert result["isError"] is False
+    asked = result["structuredContent"]
+    assert asked["subject_id"] == "user_rama" and asked["status"] == "pending"
+    api.rebuild(key)
+    done = api.get(f"/v1/erasures/{asked['erasure_id']}", key).json()["data"]
+    assert done["status"] == "complete" and done["counts"]["claims"] == 1
+    assert api.compile(key, "harbour dawn").json()["data"]["items"] == []

@@ -32,7 +32,8 @@ ROUTES = {("get", "/healthz"), ("get", "/readyz"), ("post", "/v1/observations"),
           ("post", "/v1/claims/{claim_id}/expire"), ("get", "/v1/claims/{claim_id}/evidence"),
           ("post", "/v1/context/compile"), ("get", "/v1/context/{context_id}"),
           ("post", "/v1/context/{context_id}/feedback"), ("post", "/v1/admin/rebuild"), ("post", "/mcp"),
-          ("get", "/openapi.json")}
+          ("get", "/openapi.json"), ("delete", "/v1/subjects/{subject_id}"),
+          ("delete", "/v1/observations/{observation_id}"), ("get", "/v1/erasures/{erasure_id}")}
 CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,"
           "negative_data_rejection,ignored_auth")
 MAX_EXAMPLES = 30

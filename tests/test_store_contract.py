@@ -189,3 +189,29 @@ def test_a_temporary_file_of_a_killed_write_is_never_listed_and_removed_once_sta
     assert [k for k, _ in local.list_modified("orgs/acme/")] == ["orgs/acme/ledger/a.json"]
     assert local.remove_stale_temporaries("orgs/acme/", 3600) == 1
     assert not stale.exists() and fresh.exists()  # a young one may be a live writer's
+
+
+def test_purge_removes_the_key_and_is_quiet_when_absent(store):
+    etag = store.put_if_absent("orgs/a/claims/0001.json", b"v1")
+    store.compare_and_swap("orgs/a/claims/0001.json", b"v2", etag)
+    store.purge("orgs/a/claims/0001.json")
+    with pytest.raises(ObjectNotFound):
+        store.get("orgs/a/claims/0001.json")
+    store.purge("orgs/a/claims/0001.json")  # absent: no error
+
+
+def test_purge_history_keeps_the_current_version(store):
+    etag = store.put_if_absent("orgs/a/ledger/0001.json", b"the text")
+    store.compare_and_swap("orgs/a/ledger/0001.json", b"a stub", etag)
+    store.purge_history("orgs/a/ledger/0001.json")
+    assert store.get("orgs/a/ledger/0001.json").body == b"a stub"
+
+
+def test_purge_prefix_keeps_only_the_named_keys(store):
+    for name in ("0001", "0002", "0003"):
+        store.put_if_absent(f"orgs/a/snapshots/{name}.sqlite", name.encode())
+    store.put_if_absent("orgs/b/snapshots/0001.sqlite", b"other org")
+    store.delete("orgs/a/snapshots/0002.sqlite")
+    store.purge_prefix("orgs/a/snapshots/", keep={"orgs/a/snapshots/0003.sqlite"})
+    assert list(store.list_keys("orgs/a/snapshots/")) == ["orgs/a/snapshots/0003.sqlite"]
+    assert store.get("orgs/b/snapshots/0001.sqlite").body == b"other org"

@@ -199,3 +199,38 @@ def test_client_config_region_and_endpoint_come_from_the_environment(monkeypatch
     assert client.meta.endpoint_url == "http://localhost:9000"
     # botocore reads "max_attempts" as retries: 1 try + 5 retries, bounded.
     assert client.meta.config.retries == {"mode": "standard", "total_max_attempts": 6}
+
+
+def _versions(store, key):
+    full = f"pfx/{key}"
+    answer = store.client.list_object_versions(Bucket=BUCKET, Prefix=full)
+    return [v for v in answer.get("Versions", []) + answer.get("DeleteMarkers", []) if v["Key"] == full]
+
+
+@pytest.mark.parametrize("store", ["s3"], indirect=True)
+def test_purge_history_leaves_one_version_in_a_versioned_bucket(store):
+    etag = store.put_if_absent("orgs/a/ledger/0001.json", b"the text")
+    store.compare_and_swap("orgs/a/ledger/0001.json", b"a stub", etag)
+    assert len(_versions(store, "orgs/a/ledger/0001.json")) == 2
+    assert store.purge_history("orgs/a/ledger/0001.json") == 1
+    (only,) = _versions(store, "orgs/a/ledger/0001.json")
+    assert only["IsLatest"]
+
+
+@pytest.mark.parametrize("store", ["s3"], indirect=True)
+def test_purge_leaves_no_version_and_no_delete_marker(store):
+    store.put_if_absent("orgs/a/claims/0001.json", b"v1")
+    store.delete("orgs/a/claims/0001.json")  # a versioned bucket keeps v1 behind a delete marker
+    assert len(_versions(store, "orgs/a/claims/0001.json")) == 2
+    store.purge("orgs/a/claims/0001.json")
+    assert _versions(store, "orgs/a/claims/0001.json") == []
+
+
+@pytest.mark.parametrize("store", ["s3"], indirect=True)
+def test_purge_prefix_reaches_versions_of_deleted_keys(store):
+    store.put_if_absent("orgs/a/snapshots/0001.sqlite", b"old generation")
+    store.delete("orgs/a/snapshots/0001.sqlite")
+    store.put_if_absent("orgs/a/snapshots/0002.sqlite", b"new generation")
+    store.purge_prefix("orgs/a/snapshots/", keep={"orgs/a/snapshots/0002.sqlite"})
+    assert _versions(store, "orgs/a/snapshots/0001.sqlite") == []
+    assert len(_versions(store, "orgs/a/snapshots/0002.sqlite")) == 1

@@ -261,6 +261,20 @@ class RecordingStore(Store):
         self._note("download_file", key)
         return self.inner.download_file(key, path)
 
+    # on S3 these list the versions (bucket-level) and delete each one
+    def purge(self, key):
+        self.calls += [("s3:ListBucketVersions", None), ("s3:DeleteObjectVersion", key)]
+        return self.inner.purge(key)
+
+    def purge_history(self, key):
+        self.calls += [("s3:ListBucketVersions", None), ("s3:DeleteObjectVersion", key)]
+        return self.inner.purge_history(key)
+
+    def purge_prefix(self, prefix, keep):
+        self.calls.append(("s3:ListBucketVersions", None))
+        self.calls += [("s3:DeleteObjectVersion", k) for k in self.inner.list_keys(prefix) if k not in keep]
+        return self.inner.purge_prefix(prefix, keep)
+
 
 def _rebuild(store, tmp_path):
     for org_id in Ledger(store).organizations():
@@ -304,6 +318,12 @@ def test_api_role_allows_every_s3_access_the_api_makes(template, tmp_path):
     assert r.status_code == 201, r.text
     assert api.get("/readyz").status_code == 200
     assert api.get("/readyz", {"authorization": "Bearer titen_sk_" + "x" * 43}).status_code == 401
+    # asking for erasures, and reading how far they got
+    headers = {"authorization": key["authorization"]}
+    erasure = api.client.delete("/v1/subjects/user_gone", headers=headers)
+    assert erasure.status_code == 202, erasure.text
+    assert api.client.delete(f"/v1/observations/{obs['observation_id']}", headers=headers).status_code == 202
+    assert api.get(f"/v1/erasures/{erasure.json()['data']['erasure_id']}", key).status_code == 200
     assert {action for action, _ in recording.calls} >= {"s3:GetObject", "s3:PutObject"}
     denied = sorted({(a, k) for a, k in recording.calls if not allowed(template, "ApiFunction", a, k)},
                     key=lambda c: (c[0], c[1] or ""))
@@ -331,6 +351,15 @@ def test_rebuild_role_allows_every_s3_access_the_rebuild_makes(template, tmp_pat
         api.observe(key, content=f"Smoke run {round_} returned 200.")
         _rebuild(recording, tmp_path)
     _rebuild(recording, tmp_path)  # nothing new: reads only
+    # an erasure carried out: the ledger purged, every older generation with its versions
+    gone = api.observe(key, subject_id="user_gone", content="To be forgotten.",
+                       claim={"statement": "Forget me.", "kind": "semantic_fact", "confidence": 0.9})
+    _rebuild(recording, tmp_path)
+    assert api.client.delete("/v1/subjects/user_gone", headers={"authorization": key["authorization"]}
+                             ).status_code == 202
+    _rebuild(recording, tmp_path)
+    assert {"s3:DeleteObjectVersion", "s3:ListBucketVersions"} <= {a for a, _ in recording.calls}
+    assert api.get(f"/v1/claims/{gone['claim_id']}/evidence", key).status_code == 404
     SnapshotBuilder(recording, "acme", work_dir=str(tmp_path / "build")).rebuild(from_scratch=True)
     assert ("s3:DeleteObject" in {a for a, _ in recording.calls})
     assert list(inner.list_keys("orgs/acme/idempotency/")) == []  # the rebuild's housekeeping took it
@@ -355,10 +384,14 @@ def test_api_role_cannot_create_keys_or_register_organizations(template):
     assert not allowed(template, "ApiFunction", "s3:PutObject", "organizations/acme")
 
 
-def test_rebuild_role_cannot_read_keys_or_write_the_ledger(template):
+def test_rebuild_role_cannot_read_keys_and_the_api_role_cannot_purge_versions(template):
     assert not allowed(template, "RebuildFunction", "s3:GetObject", "keys/" + "0" * 64 + ".json")
-    assert not allowed(template, "RebuildFunction", "s3:PutObject", entry_key("acme", "0" * 32))
-    assert not allowed(template, "RebuildFunction", "s3:DeleteObject", entry_key("acme", "0" * 32))
+    assert not allowed(template, "RebuildFunction", "s3:PutObject", "keys/" + "0" * 64 + ".json")
+    for key in (entry_key("acme", "0" * 32), "orgs/acme/snapshots/000000000001-00000000.sqlite"):
+        assert not allowed(template, "ApiFunction", "s3:DeleteObjectVersion", key)
+    assert not allowed(template, "ApiFunction", "s3:ListBucketVersions")
+    # only to carry an erasure out does the rebuild rewrite the ledger (docs/operations.md, "Erasure")
+    assert allowed(template, "RebuildFunction", "s3:PutObject", entry_key("acme", "0" * 32))
     assert allowed(template, "RebuildFunction", "s3:PutObject", pointer_key("acme"))
 
 

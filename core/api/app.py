@@ -95,6 +95,18 @@ def create_app(service: Service) -> Starlette:
         return 200, service.compiler.stored_pack(principal, request.path_params["context_id"]), {}
 
     @endpoint(service)
+    def erase_subject(request, principal, body):
+        return 202, service.erasures.erase_subject(principal, request.path_params["subject_id"]), {}
+
+    @endpoint(service)
+    def erase_observation(request, principal, body):
+        return 202, service.erasures.erase_observation(principal, request.path_params["observation_id"]), {}
+
+    @endpoint(service)
+    def erasure_status(request, principal, body):
+        return 200, service.erasures.status(principal, request.path_params["erasure_id"]), {}
+
+    @endpoint(service)
     def admin_rebuild(request, principal, body):
         principal.require("admin")
         result = service.rebuild(principal.org_id)
@@ -111,6 +123,9 @@ def create_app(service: Service) -> Starlette:
         Route("/v1/context/compile", compile_context, methods=["POST"]),
         Route("/v1/context/{context_id}", stored_context, methods=["GET"]),
         Route("/v1/admin/rebuild", admin_rebuild, methods=["POST"]),
+        Route("/v1/subjects/{subject_id}", erase_subject, methods=["DELETE"]),
+        Route("/v1/observations/{observation_id}", erase_observation, methods=["DELETE"]),
+        Route("/v1/erasures/{erasure_id}", erasure_status, methods=["GET"]),
         Route("/mcp", mcp_endpoint(service), methods=["POST"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
     ]

@@ -21,6 +21,7 @@ from core.api.envelope import error_response, json_response, read_body, read_raw
 from core.api.mcp import PARSE_ERROR, SERVER_ERROR, McpServer, RpcError, message_id, rpc_error
 from core.budget.items import dumps
 from core.errors import Internal, RequestTimeout, TitenError, Unavailable, ValidationError, echo
+from core.bodies import IDENTIFIER_MAX
 from core.ids import new_id
 from core.snapshot.reader import DAMAGE_ERRORS
 from core.storage import StoreError
@@ -44,7 +45,9 @@ def endpoint(service: Service, *, auth: bool = True, body: bool = False, inline:
             principal = None
             for name, value in request.path_params.items():
                 # no id is longer: cut before anything can look it up or echo it
-                request.path_params[name] = echo(value)
+                # (a subject id is the caller's identifier, up to 128 characters)
+                request.path_params[name] = (value[:IDENTIFIER_MAX + 1] if name == "subject_id"
+                                             else echo(value))
             try:
                 if auth:
                     principal = await run_in_threadpool(service.keys.authenticate,

@@ -89,12 +89,13 @@ class Tool:
     scope: str              # its route's, checked before anything else, as the route does
     read_only: bool
     run: Callable[[Any, Principal, dict], ToolAnswer]
+    destructive: bool = False
 
     def listing(self) -> dict:
         return {"name": self.name, "title": self.title, "description": self.description,
                 "inputSchema": self.arguments.schema(),
                 "annotations": {"title": self.title, "readOnlyHint": self.read_only,
-                                "destructiveHint": False, "openWorldHint": False}}
+                                "destructiveHint": self.destructive, "openWorldHint": False}}
 
 
 def _write(service, principal: Principal, route: str, body: dict, params: dict | None = None) -> ToolAnswer:
@@ -123,6 +124,11 @@ def _feedback(service, principal: Principal, args: dict) -> ToolAnswer:
     return _write(service, principal, "POST /v1/context/{context_id}/feedback", body, {"context_id": context_id})
 
 
+def _forget(service, principal: Principal, args: dict) -> ToolAnswer:
+    subject_id = Fields(args, "arguments", FORGET_ARGUMENTS).take("subject_id")
+    return ToolAnswer(dumps(service.erasures.erase_subject(principal, subject_id)))
+
+
 def _evidence(service, principal: Principal, args: dict) -> ToolAnswer:
     claim_id = Fields(args, "arguments", EVIDENCE_ARGUMENTS).take("claim_id")
     data, _meta = claim_evidence(service.reader, principal, claim_id)
@@ -140,6 +146,7 @@ COMPILE_ARGUMENTS = COMPILE.only("subject_id", "task", "max_tokens", "project_id
 FEEDBACK_ARGUMENTS = Record({"context_id": Text(max_len=64, description="the pack's context_id (ctx_…)"),
                              **FEEDBACK.fields}, ("context_id",) + FEEDBACK.required)
 EVIDENCE_ARGUMENTS = Record({"claim_id": Text(max_len=64, description="claim_<32 hex>")}, ("claim_id",))
+FORGET_ARGUMENTS = Record({"subject_id": OBSERVATION.fields["subject_id"]}, ("subject_id",))
 
 TOOLS = {t.name: t for t in (
     Tool("titen_remember", "Remember an observation",
@@ -161,6 +168,11 @@ TOOLS = {t.name: t for t in (
     Tool("titen_evidence", "Show a claim's evidence",
          "A claim (any status) and the sources the caller may read. Needs context:compile.",
          EVIDENCE_ARGUMENTS, "context:compile", True, _evidence),
+    Tool("titen_forget", "Forget a subject",
+         "Erase everything about a subject in the caller's organization: observations, claims, context "
+         "runs, feedback and embeddings, from every copy. Answers at once with an erasure_id whose status "
+         "becomes complete after the next rebuild. Needs memory:erase. Cannot be undone.",
+         FORGET_ARGUMENTS, "memory:erase", False, _forget, destructive=True),
 )}
 
 

@@ -101,6 +101,17 @@ SCHEMAS: dict[str, Any] = {
     }),
     "FeedbackRecorded": _obj({"feedback_id": STR, "context_id": STR, "claim_id": NSTR,
                               "outcome": _s("string", enum=list(FEEDBACK_OUTCOMES)), "recorded_at": STR}),
+    "ErasureAsked": _obj({"erasure_id": _s("string", pattern="^era_[0-9a-f]{32}$"), "subject_id": STR,
+                          "observation_id": STR, "status": _s("string", const="pending")},
+                         ("erasure_id", "status")),
+    "Erasure": _obj({"erasure_id": _s("string", pattern="^era_[0-9a-f]{32}$"),
+                     "target": _s("string", enum=["subject", "observation"]), "target_sha256": STR,
+                     "status": _s("string", enum=["pending", "complete"]), "requested_at": STR,
+                     "completed_at": NSTR,
+                     "counts": {"type": ["object", "null"], "properties": {
+                         n: INT for n in ("observations", "claims", "context_runs", "feedback", "embeddings")}}},
+                    ("erasure_id", "target", "target_sha256", "status", "requested_at", "completed_at",
+                     "counts")),
     "Rebuilt": _obj({"generation": INT, "published": _s("boolean"), "entries_applied": INT, "content_hash": STR,
                      "claim_count": INT, "snapshot_bytes": INT, "seconds": NUM}),
     "Ready": _obj({"status": _s("string", enum=["ready", "not_ready"]), "generation": INT,
@@ -259,13 +270,25 @@ def document() -> dict:
                                                                                 "its claims", "context:feedback",
                                                              201, ref("FeedbackRecorded"), "Feedback",
                                                              context_id)},
+        "/v1/subjects/{subject_id}": {"delete": _op(
+            "eraseSubject", "erase everything about a subject in the caller's organization, from every copy "
+            "(202: carried out by the next rebuild)", "memory:erase", 202, ref("ErasureAsked"),
+            (400, 401, 403, 500, 503), params=[{"name": "subject_id", "in": "path", "required": True,
+                                               "schema": _s("string", maxLength=128)}])},
+        "/v1/observations/{observation_id}": {"delete": _op(
+            "eraseObservation", "erase one observation and the claims it alone supports (202)", "memory:erase",
+            202, ref("ErasureAsked"), (401, 403, 404, 500, 503), params=[_path_id("observation_id", "obs")])},
+        "/v1/erasures/{erasure_id}": {"get": _op(
+            "erasureStatus", "how far an erasure got: pending or complete, with counts per record type",
+            "memory:erase", 200, ref("Erasure"), (401, 403, 404, 500, 503),
+            params=[_path_id("erasure_id", "era")])},
         "/v1/admin/rebuild": {"post": _op("adminRebuild", "rebuild the caller's organization now and serve it",
                                           "admin", 200, ref("Rebuilt"), (401, 403, 409, 500, 503))},
         "/mcp": {"post": {
             "operationId": "mcp", "summary": "MCP Streamable HTTP, stateless, JSON answers (GET is 405)",
             "description": "One JSON-RPC message per POST: initialize, notifications, ping, tools/list, "
                            "tools/call (titen_remember, titen_consolidate, titen_compile, titen_feedback, "
-                           "titen_evidence). Tool failures are results with isError: true carrying the "
+                           "titen_evidence, titen_forget). Tool failures are results with isError: true carrying the "
                            "envelope's {code, message}. Protocol versions: " + ", ".join(PROTOCOL_VERSIONS) + ".",
             "parameters": [{"name": "MCP-Protocol-Version", "in": "header", "required": False, "schema": STR,
                             "description": "the negotiated version (after initialize); unsupported: 400"}],

@@ -26,6 +26,7 @@ from core.compile.request import CompileRequest
 from core.compile.retrieval import CompileScope, lexical_candidates
 from core.domain import INSTRUCTIONS, POLICY_SNAPSHOT
 from core.errors import ValidationError
+from core.ids import subject_tag
 from core.keys import Principal
 from core.ledger import Ledger
 from core.snapshot.reader import Snapshot, SnapshotReader
@@ -131,7 +132,7 @@ class Compiler:
              req: CompileRequest) -> Packed:
         """The ranked items that fit, counted exactly (core.compile.packing);
         the final payload is counted again before it is sent."""
-        context_hex = record.draw_context_hex()
+        context_hex = record.draw_context_hex(subject_tag(scope.principal.org_id, req.subject_id))
         envelope = {"context_id": f"ctx_{context_hex}", "query": req.task,
                     "scope": {"subject_id": req.subject_id, "project_id": req.project_id},
                     "budget": {"max_tokens": req.max_tokens, "used_tokens": 0},

@@ -15,20 +15,22 @@ from core.budget.tokens import count_tokens
 from core.compile.packing import CONTEXT_ID_MIN_TOKENS, CONTEXT_ID_TOKENS
 from core.compile.request import CompileRequest
 from core.errors import NotFound
-from core.ids import entry_hex, parse_id
+from core.ids import entry_hex, parse_id, tagged
 from core.keys import Principal
 from core.layout import RUN_SUFFIX
 from core.ledger import Ledger
 
 
-def draw_context_hex() -> str:
+def draw_context_hex(tag: str) -> str:
     """A ledger entry id for a context run whose ``ctx_…`` id costs 15 to
-    ``CONTEXT_ID_TOKENS`` tokens (core.compile.packing prices the envelope at that).
-    Draws are bounded: should 64 all miss (never seen), the cheapest id no
-    dearer than the price is taken, else a new one is drawn until one is."""
+    ``CONTEXT_ID_TOKENS`` tokens (core.compile.packing prices the envelope at
+    that) and carries the subject's ``tag`` (core.ids.subject_tag: an erasure
+    of the subject finds its runs by name). Draws are bounded: should 64 all
+    miss (never seen), the cheapest id no dearer than the price is taken,
+    else a new one is drawn until one is."""
     best = None
     for _ in range(64):
-        hex_ = entry_hex()
+        hex_ = tagged(entry_hex(), tag)
         cost = count_tokens("ctx_" + hex_)
         if CONTEXT_ID_MIN_TOKENS <= cost <= CONTEXT_ID_TOKENS:
             return hex_
@@ -37,7 +39,7 @@ def draw_context_hex() -> str:
     if best is not None:
         return best[1]
     while True:
-        hex_ = entry_hex()
+        hex_ = tagged(entry_hex(), tag)
         if count_tokens("ctx_" + hex_) <= CONTEXT_ID_TOKENS:
             return hex_
 

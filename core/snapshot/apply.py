@@ -16,9 +16,24 @@ import apsw
 
 from core.domain import TRUST_LEVELS
 from core.instants import parse_instant
+from core.lexical import LexicalChanges
+from core.snapshot.erase import Erasures
 
 
-def apply_entry(db: apsw.Connection, entry: dict, touched: set[str]) -> None:
+def apply_entry(db: apsw.Connection, entry: dict, touched: set[str], erasures: Erasures | None = None,
+                lexical: LexicalChanges | None = None) -> None:
+    """``erasures``: the organization's erasures (core/snapshot/erase.py),
+    applied when an entry is one and enforced on every entry after."""
+    if entry["type"] == "erasure":
+        if erasures is not None:
+            erasures.apply(entry, touched, lexical or LexicalChanges(record=False))
+        return
+    _apply(db, entry, touched)
+    if erasures is not None and erasures.standing:
+        erasures.enforce(entry, touched, lexical or LexicalChanges(record=False))
+
+
+def _apply(db: apsw.Connection, entry: dict, touched: set[str]) -> None:
     kind = entry["type"]
     if kind == "observation":
         _insert_observation(db, entry["observation"])
@@ -73,7 +88,8 @@ def apply_entry(db: apsw.Connection, entry: dict, touched: set[str]) -> None:
                 " outcome=excluded.outcome WHERE excluded.feedback_id > feedback.feedback_id",
                 (entry["context_id"], entry["claim_id"], entry["feedback_id"], entry["outcome"]))
             touched.add(entry["claim_id"])
-    # context runs live in the ledger only: feedback reads them from there.
+    # context runs live in the ledger only: feedback reads them from there;
+    # a stub an erasure left ("erased") holds nothing to apply.
 
 
 def _insert_observation(db: apsw.Connection, obs: dict) -> None:

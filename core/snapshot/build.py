@@ -19,6 +19,14 @@ sha256. The rules this module enforces:
 - **Nothing new, nothing published**: a build that applied no entry keeps
   the published generation (unless its candidate index was priced by
   another libm, or its vector index is not this embedder's).
+- **Erasures are carried out whole** (core/erasure/work.py,
+  core/snapshot/erase.py): a build that meets an ``erasure`` entry first
+  purges the ledger (with the previous generation open, which says where
+  the records are), then deletes the rows with ``secure_delete`` on, merges
+  the FTS index, rebuilds the vector index from its cache, rewrites the file
+  whole (``VACUUM``), publishes it as the only generation kept — every older
+  one, with every stored version, is purged, so no rollback can bring the
+  records back — and only then marks the erasures complete.
 """
 
 from __future__ import annotations
@@ -41,8 +49,10 @@ from core.layout import RUN_SUFFIX, entry_hex_of, ledger_prefix
 from core.ledger import Ledger
 from core.lexical import LexicalChanges, priced_here, recorded_fingerprint, update_lexical_index
 from core.meta_table import read_meta, write_meta
-from core.snapshot import content_hash, housekeeping
+from core.erasure.work import ErasureWork
+from core.snapshot import content_hash, erase, housekeeping
 from core.snapshot.apply import apply_entry
+from core.snapshot.erase import Erasures
 from core.snapshot.keep import KeptGeneration
 from core.snapshot.pointer import read_pointer
 from core.snapshot.projections import refresh_projections
@@ -103,6 +113,8 @@ class SnapshotBuilder:
         self.lexical_stats: dict | None = None  # what the last build did to the candidate index
         self.housekeeping: dict | None = None  # what the last build's sweep removed (core/snapshot/housekeeping.py)
         self.notes: list[str] = []  # why the last build did not start from the published generation
+        self.erasure_work = ErasureWork(store, org_id, self.skew_ms, self.progress)
+        self.erasures: Erasures | None = None  # the erasures the last build applied and enforced
 
     def rebuild(self, *, from_scratch: bool = False, force: bool = False) -> RebuildResult:
         started = time.monotonic()
@@ -110,6 +122,9 @@ class SnapshotBuilder:
             self.housekeeping = housekeeping.sweep(self.store, self.org_id)
         self.notes = []
         pointer, etag = read_pointer(self.store, self.org_id)
+        if pointer is not None and pointer.get("erasures"):
+            # a build that published an erasure and stopped before marking it complete
+            self.erasure_work.recover(pointer["erasures"])
         os.makedirs(self.work_dir, exist_ok=True)
         work = os.path.join(self.work_dir, f"build-{self.org_id}-{secrets.token_hex(6)}.sqlite")
         try:
@@ -127,9 +142,12 @@ class SnapshotBuilder:
                                      pointer["snapshot_key"], tuple(self.notes))
             generation, applied, fields = built
             size = os.path.getsize(work)
+            erased = fields.get("erasures")
             key, sha = publish(self.store, self.org_id, work, size, generation, pointer, etag, fields,
-                               self.progress, self.before_publish)
+                               self.progress, self.before_publish, only_generation=bool(erased))
             self.kept.keep(work, key, sha, size)
+            if erased:
+                self.erasure_work.complete(erased)
             return RebuildResult(self.org_id, generation, True, applied, fields["content_hash"],
                                  fields["claim_count"], size, time.monotonic() - started, key, tuple(self.notes))
         finally:
@@ -153,10 +171,13 @@ class SnapshotBuilder:
         # recorded in the pointer: every entry stored before this instant is
         # in the generation (core/rebuild/queue.py, core/rebuild/backlog.py)
         listed_at = canonical(now_utc())
-        applied = self._apply_new_entries(db, lexical)
+        applied = self._apply_new_entries(db, lexical, from_empty=from_scratch or pointer is None)
         if row_digests is not None:
             row_digests.close()
             sums = row_digests.sums
+        if self.erasures.applied:
+            # no FTS segment keeps a deleted claim's terms, no vec0 chunk its vector
+            erase.clear_indexes(db)
         # (a generation whose candidate index another libm priced is priced
         # again here even with nothing new: core.lexical.libm; a pointer from
         # before watermarks were published is republished once)
@@ -191,6 +212,10 @@ class SnapshotBuilder:
         write_meta(db, generation=generation, content_hash=digest, built_at=canonical(now_utc()),
                    claim_count=claim_count, **{content_hash.META_KEY: content_hash.encode(sums)})
         db.execute("PRAGMA optimize")
+        if self.erasures.applied:
+            self.progress(f"{self.org_id}: rewriting the file whole after erasures")
+            db.execute("VACUUM")  # no free page keeps a deleted row
+            fields["erasures"] = {erasure_id: erased.as_counts() for erasure_id, erased in self.erasures.applied.items()}
         # the last ledger entry applied, and when the ledger was listed:
         # enough to tell, without the snapshot, whether anything is new
         fields.update(watermark=read_meta(db, "watermark") or "", ledger_listed_at=listed_at)
@@ -247,7 +272,7 @@ class SnapshotBuilder:
 
     # -- the new entries --------------------------------------------------------
 
-    def _apply_new_entries(self, db: apsw.Connection, lexical: LexicalChanges) -> int:
+    def _apply_new_entries(self, db: apsw.Connection, lexical: LexicalChanges, from_empty: bool) -> int:
         watermark = read_meta(db, "watermark") or ""
         start_after = None
         if watermark:
@@ -259,15 +284,22 @@ class SnapshotBuilder:
                                                   (start_after or "",))}
         keys = [k for k in self.ledger.keys_after(self.org_id, start_after)
                 if not k.endswith(RUN_SUFFIX) and k not in applied_before]
+        self.erasures = Erasures(db, self.org_id)
         if not keys:
             return 0
         self.progress(f"{self.org_id}: applying {len(keys)} ledger entries")
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            entries = list(pool.map(self.ledger.read_raw, keys))
+        if any(entry.get("type") == "erasure" for entry in entries) and self.erasure_work.pending():
+            # the previous generation (not yet changed) says where the records are
+            self.erasure_work.purge(None if from_empty else db)
+            db.execute("PRAGMA secure_delete = ON")  # deleted rows are overwritten, not just unlinked
         touched: set[str] = set()
         applied = 0
         last_report = time.monotonic()
-        with ThreadPoolExecutor(max_workers=8) as pool, db:
-            for key, entry in zip(keys, pool.map(self.ledger.read_raw, keys)):
-                apply_entry(db, entry, touched)
+        with db:
+            for key, entry in zip(keys, entries):
+                apply_entry(db, entry, touched, self.erasures, lexical)
                 db.execute("INSERT INTO applied(entry_key) VALUES(?)", (key,))
                 applied += 1
                 if time.monotonic() - last_report > 2:

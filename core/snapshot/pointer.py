@@ -12,6 +12,8 @@ backlog check reads its watermark. Its fields:
 | history | the last ``KEEP_GENERATIONS`` published files, newest first, kept for rollback |
 | vector | the vector index's fingerprint, layout and status, when vectors are on |
 | rolled_back_to | set by a rollback: the generation whose file this one serves again |
+| erasures | set by a build that carried erasures out: their counts, by erasure id |
+| erased_through | the generation of the last erasure: every older generation was deleted |
 """
 
 from __future__ import annotations

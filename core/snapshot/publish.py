@@ -4,7 +4,9 @@ The rule: **single publisher**. Two rebuilds racing both upload (under
 distinct keys) but only one compare-and-swap of the pointer succeeds; the
 loser deletes its upload and gets ``RebuildConflict``. A crash before the
 swap leaves the previous generation serving. After a swap, generation files
-no longer in the pointer's history are deleted.
+no longer in the pointer's history are deleted; after an erasure
+(``only_generation``) the new generation is the only one kept, and every
+other generation file, with every version the bucket keeps of it, is purged.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ class RebuildConflict(Exception):
 
 def publish(store: Store, org_id: str, work: str, size: int, generation: int, pointer: dict | None,
             etag: str | None, fields: dict, progress: Callable[[str], None],
-            before_swap: Callable[[], None] | None = None) -> tuple[str, str]:
+            before_swap: Callable[[], None] | None = None, only_generation: bool = False) -> tuple[str, str]:
     """Upload ``work`` as ``generation`` and swap the pointer read with
     ``etag`` (None: no pointer yet) to a record of it plus ``fields``
     (content hash, claim count, watermark, vector state). (key, sha256)."""
@@ -36,7 +38,11 @@ def publish(store: Store, org_id: str, work: str, size: int, generation: int, po
         sha = pool.submit(file_sha256, work)
         store.upload_file(key, work)
         sha = sha.result()
-    history = history_with(pointer, generation, key, sha)
+    history = history_with(None if only_generation else pointer, generation, key, sha)
+    # rollback reads it: no generation older than the last erasure exists any more
+    erased_through = generation if only_generation else (pointer or {}).get("erased_through")
+    if erased_through:
+        fields = {**fields, "erased_through": erased_through}
     record = {"org_id": org_id, "generation": generation, "snapshot_key": key, "sha256": sha, "bytes": size,
               "content_hash": fields["content_hash"], "claim_count": fields["claim_count"],
               "published_at": canonical(now_utc()), "history": history,
@@ -54,7 +60,11 @@ def publish(store: Store, org_id: str, work: str, size: int, generation: int, po
     except BaseException:
         store.delete(key)
         raise
-    retire_old_generations(store, org_id, generation, {h["snapshot_key"] for h in history})
+    if only_generation:
+        removed = store.purge_prefix(snapshots_prefix(org_id), keep={key, pointer_key(org_id)})
+        progress(f"{org_id}: purged {removed} stored versions of older generations")
+    else:
+        retire_old_generations(store, org_id, generation, {h["snapshot_key"] for h in history})
     return key, sha
 
 

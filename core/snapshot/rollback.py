@@ -28,6 +28,10 @@ def rollback(store: Store, org_id: str, generation: int) -> dict:
     if pointer is None:
         raise ValueError(f"{org_id} has no published snapshot")
     target = next((h for h in pointer.get("history", []) if h["generation"] == generation), None)
+    if target is None and generation < pointer.get("erased_through", 0):
+        raise ValueError(f"generation {generation} no longer exists: every generation before "
+                         f"{pointer['erased_through']} was deleted when an erasure was carried out, and a "
+                         "rollback never brings erased records back")
     if target is None:
         kept = ", ".join(str(h["generation"]) for h in pointer.get("history", []))
         raise ValueError(f"generation {generation} is not kept; kept generations: {kept}")
@@ -52,6 +56,7 @@ def rollback(store: Store, org_id: str, generation: int) -> dict:
               "sha256": target["sha256"], "bytes": size, "content_hash": digest,
               "claim_count": claims, "published_at": canonical(now_utc()), "rolled_back_to": generation,
               "watermark": watermark,
-              "history": history}
+              "history": history,
+              **({"erased_through": pointer["erased_through"]} if pointer.get("erased_through") else {})}
     store.compare_and_swap(pointer_key(org_id), encode_pointer(record), etag)
     return {"org_id": org_id, "generation": new_generation, "serving": generation}

@@ -18,7 +18,7 @@ revoked claims are deleted from it, so they never count in BM25 statistics.
 
 from core.lexical import FTS_DDL
 
-SCHEMA_VERSION = 3  # bump on any change to DDL: older snapshots are then replayed, never served
+SCHEMA_VERSION = 4  # bump on any change to DDL: older snapshots are then replayed, never served
 
 DDL = """
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
@@ -113,6 +113,9 @@ CREATE TABLE applied(entry_key TEXT PRIMARY KEY) WITHOUT ROWID;
 CREATE TABLE import_batches(batch_key TEXT PRIMARY KEY, entry_id TEXT NOT NULL) WITHOUT ROWID;
 -- every imported line applied, by identity (file sha256 : line number)
 CREATE TABLE import_lines(line_key TEXT PRIMARY KEY, entry_id TEXT NOT NULL) WITHOUT ROWID;
+-- every erasure applied: a standing rule for records arriving later (core/snapshot/erase.py)
+CREATE TABLE erasures(erasure_id TEXT PRIMARY KEY, target TEXT NOT NULL, target_sha256 TEXT NOT NULL)
+  WITHOUT ROWID;
 """ + FTS_DDL
 
 # The canonical columns the content hash covers: core/snapshot/content_hash.py.

@@ -16,7 +16,11 @@ than S3 delivers:
 - ``get`` returns the bytes with an opaque ETag; ``get_if_changed`` answers
   ``None`` when the ETag still matches (S3 ``IfNoneMatch`` → 304);
 - an acknowledged write is durable (local: write temp, fsync, rename, fsync
-  the directory).
+  the directory);
+- ``purge`` removes every stored version of a key, ``purge_history`` every
+  version but the current one (S3 keeps older versions in a versioned
+  bucket; the local store keeps none): what erasure needs, so that no older
+  copy of erased text stays readable.
 """
 
 from __future__ import annotations
@@ -86,6 +90,22 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def delete(self, key: str) -> None:
         """Remove the key; deleting an absent key is not an error."""
+
+    @abc.abstractmethod
+    def purge(self, key: str) -> None:
+        """Remove every stored version of the key (and any delete marker);
+        absent is not an error."""
+
+    def purge_history(self, key: str) -> int:
+        """Remove every version of the key but the current one; returns how
+        many. A backend that keeps no versions has none."""
+        return 0
+
+    @abc.abstractmethod
+    def purge_prefix(self, prefix: str, keep: set[str]) -> int:
+        """Remove every version of every key under ``prefix``, deleted keys'
+        versions included, except the current version of the keys in
+        ``keep``; returns how many versions went."""
 
     @abc.abstractmethod
     def upload_file(self, key: str, path: str) -> str:

@@ -206,6 +206,17 @@ class LocalStore(Store):
                 return
             self._fsync_dir(os.path.dirname(path))
 
+    def purge(self, key: str) -> None:
+        self.delete(key)  # a replaced or deleted file leaves no older version here
+
+    def purge_prefix(self, prefix: str, keep: set[str]) -> int:
+        removed = 0
+        for key in list(self.list_keys(prefix)):
+            if key not in keep:
+                self.delete(key)
+                removed += 1
+        return removed
+
     def upload_file(self, key: str, path: str) -> str:
         target = self._path(key)
         # the ETag's digest reads the source beside the copy, not after it

@@ -331,6 +331,46 @@ class S3Store(Store):
         elif current.strip('"') != if_match.strip('"'):
             raise PreconditionFailed(f"{key} changed")
 
+    # -- versions (erasure) ---------------------------------------------------
+
+    def _versions(self, full_prefix: str) -> Iterator[tuple[str, str, bool]]:
+        """(full key, version id, is latest) of every version and delete
+        marker under a full prefix."""
+        try:
+            for page in self.client.get_paginator("list_object_versions").paginate(
+                    Bucket=self.bucket, Prefix=full_prefix):
+                for item in page.get("Versions", []) + page.get("DeleteMarkers", []):
+                    yield item["Key"], item["VersionId"], bool(item.get("IsLatest"))
+        except (ClientError, BotoCoreError) as e:
+            raise StoreError(_describe(e, "ListObjectVersions", self.bucket, full_prefix)) from None
+
+    def _delete_versions(self, versions: list[tuple[str, str]]) -> int:
+        for start in range(0, len(versions), 1000):
+            chunk = versions[start:start + 1000]
+            try:
+                answer = self.client.delete_objects(Bucket=self.bucket, Delete={
+                    "Objects": [{"Key": key, "VersionId": version} for key, version in chunk], "Quiet": True})
+            except (ClientError, BotoCoreError) as e:
+                raise StoreError(_describe(e, "DeleteObjects", self.bucket, chunk[0][0])) from None
+            if answer.get("Errors"):
+                error = answer["Errors"][0]
+                raise StoreError(f"S3 DeleteObjects s3://{self.bucket}/{error.get('Key')} failed: "
+                                 f"{error.get('Code')}: {error.get('Message', '')}")
+        return len(versions)
+
+    def purge(self, key: str) -> None:
+        full = self._full(key)
+        self._delete_versions([(k, v) for k, v, _ in self._versions(full) if k == full])
+
+    def purge_history(self, key: str) -> int:
+        full = self._full(key)
+        return self._delete_versions([(k, v) for k, v, latest in self._versions(full) if k == full and not latest])
+
+    def purge_prefix(self, prefix: str, keep: set[str]) -> int:
+        kept = {self._full(k) for k in keep}
+        return self._delete_versions([(k, v) for k, v, latest in self._versions(self._full_prefix(prefix))
+                                      if not (latest and k in kept)])
+
     def delete(self, key: str) -> None:
         try:
             self.client.delete_object(Bucket=self.bucket, Key=self._full(key))

@@ -39,10 +39,11 @@ from typing import Callable
 
 from core.errors import Conflict, TitenError, ValidationError
 from core.ids import entry_hex as new_entry_hex
+from core.ids import tagged
 from core.instants import canonical, now_utc, parse_instant
 from core.keys import Principal
 from core.layout import IDEMPOTENCY_TTL_SECONDS, idempotency_key
-from core.ledger import Ledger
+from core.ledger import ERASED, Ledger
 from core.storage import ObjectNotFound, PreconditionFailed, Store
 
 TTL_SECONDS = IDEMPOTENCY_TTL_SECONDS
@@ -77,8 +78,9 @@ class Attempt:
 
     def __init__(self, entry_hex: str | None = None, *, record_key: str | None = None,
                  request_hash: str | None = None, replace_etag: str | None = None,
-                 store: Store | None = None, claimed: bool = False):
-        self.entry_hex = entry_hex or new_entry_hex()
+                 store: Store | None = None, claimed: bool = False, tag: str | None = None):
+        # ``tag``: the subject tag the entry id carries (core.ids.subject_tag)
+        self.entry_hex = entry_hex or (tagged(new_entry_hex(), tag) if tag else new_entry_hex())
         self.keyed = record_key is not None
         self.claimed = claimed
         self.entry_key: str | None = None
@@ -125,9 +127,11 @@ class Idempotency:
         self.ttl = timedelta(seconds=ttl_seconds)
 
     def run(self, principal: Principal, route: str, key: str | None, params: dict, body,
-            command: Command) -> Outcome:
+            command: Command, tag: str | None = None) -> Outcome:
+        """``tag``: the subject tag new entry ids carry (feedback on a pack:
+        the pack's), so an erasure of the subject finds them by name."""
         if key is None:
-            status, data = command(Attempt())
+            status, data = command(Attempt(tag=tag))
             return Outcome(status, data, None)
         rkey = idempotency_key(principal.org_id, principal.principal_id, route, key)
         rhash = request_hash(params, body)
@@ -135,7 +139,8 @@ class Idempotency:
         for _ in range(8):
             record, etag = self._read(rkey)
             if record is None:
-                attempt = Attempt(record_key=rkey, request_hash=rhash, replace_etag=etag, store=self.store)
+                attempt = Attempt(record_key=rkey, request_hash=rhash, replace_etag=etag, store=self.store,
+                                  tag=tag)
             else:
                 if record["request_hash"] != rhash:
                     raise Conflict(f"this {HEADER} was used with another request in the last 24 hours; "
@@ -188,5 +193,8 @@ class Idempotency:
         entry = Ledger(self.store).read_key(entry_key, missing_ok=True)  # follows a moved stub
         if entry is None:
             return None
+        if entry.get("type") == ERASED:
+            raise Conflict(f"what the request under this {HEADER} stored was erased ({entry.get('erasure_id')}); "
+                           "send a new key for a new request")
         stored = entry["idempotency"]
         return Outcome(stored["status"], stored["data"], True)

@@ -1,0 +1,336 @@
+"""Carrying an erasure out in the store: every ledger object that holds what it names.
+
+The ledger is immutable for every purpose but this one. For an erasure of a
+subject, or of one observation (and the claims it alone supports), among
+the records created before the erasure:
+
+- an entry holding only erased records is replaced by a content-free stub
+  (``type: "erased"``): its key stays taken, so no retry, re-run import or
+  takeover can write it again, and every older version of it is purged;
+- an entry holding erased and other records (an observation batch, an
+  import batch shared with other subjects, a consolidation of several
+  claims) is rewritten without the erased ones, and its older versions
+  purged;
+- lifecycle transitions and feedback on erased claims are stubbed, each
+  erased claim's lifecycle head is purged (every version), and the context
+  runs compiled for the subject (found by the subject tag their ids carry,
+  ``core.ids.subject_tag``, without reading every run) are stubbed when they
+  are the subject's, or held an erased claim.
+
+Where to look: the previous generation says which entries hold a subject's
+or an observation's records (by entry id); entries written since its
+watermark (less the skew window) are read and checked. Without a previous
+generation that still holds the records, the whole ledger is read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import apsw
+
+from core.erasure.records import target_sha256
+from core.ids import entry_of, parse_id, subject_tag, tag_of, uuid7_floor_hex, uuid7_ms
+from core.layout import RUN_SUFFIX, claim_head_key, entry_hex_of, entry_key, ledger_prefix
+from core.ledger import ERASED, MOVED, encode
+from core.meta_table import read_meta
+from core.storage import ObjectNotFound, PreconditionFailed, Store
+
+
+@dataclass
+class Target:
+    """What one erasure names: records created before ``limit`` (its entry
+    id) whose subject — or, for an observation, whose id — hashes to
+    ``sha`` (core.erasure.records.target_sha256). ``target_id`` is the id
+    itself while the erasure is pending (it finds the records fast); once
+    complete only the hash is kept, and matching by hash alone still works
+    (``titen erasures reapply`` after a restore)."""
+    erasure_id: str
+    kind: str                 # "subject" | "observation"
+    org_id: str
+    sha: str
+    target_id: str | None = None
+    subject_id: str | None = None   # the subject (of the observation), once known
+    observations: set[str] = field(default_factory=set)   # erased observation ids
+    claims: set[str] = field(default_factory=set)         # erased claim ids
+    runs: set[str] = field(default_factory=set)           # stubbed context ids
+    subject_tag: str | None = None  # core.ids.subject_tag of the subject, recorded for reapplying
+
+    def __post_init__(self):
+        if self.kind == "subject" and self.target_id is not None:
+            self.subject_id = self.target_id
+
+    @property
+    def limit(self) -> str:
+        return self.erasure_id[len("era_"):]
+
+    def before(self, record_id: str) -> bool:
+        return record_id.split("_", 1)[1] < self.limit
+
+    def names(self, target_id: str) -> bool:
+        return target_sha256(self.org_id, self.kind, target_id) == self.sha
+
+    def drops_observation(self, obs: dict) -> bool:
+        if not self.before(obs["observation_id"]):
+            return False
+        return self.names(obs["subject_id"] if self.kind == "subject" else obs["observation_id"])
+
+    def drops_claim(self, claim: dict) -> bool:
+        """A claim of the subject, or one the erased observation alone supports."""
+        if claim["claim_id"] in self.claims:
+            return True
+        if not self.before(claim["claim_id"]):
+            return False
+        if self.kind == "subject":
+            return self.names(claim["subject_id"])
+        supports = {s["observation_id"] for s in claim["sources"] if s["relation"] == "supports"}
+        return bool(supports) and all(o in self.observations or self.names(o) for o in supports)
+
+
+@dataclass
+class Purged:
+    entries_rewritten: int = 0
+    entries_stubbed: int = 0
+    context_runs: int = 0
+    feedback_entries: int = 0
+    claim_heads: int = 0
+
+
+def stub(entry: dict, erasure_id: str) -> dict:
+    return {"entry_id": entry["entry_id"], "type": ERASED, "org_id": entry.get("org_id"), "erasure_id": erasure_id}
+
+
+def rewrite(entry: dict, target: Target) -> dict | None:
+    """The entry without what ``target`` erases: a stub when nothing is
+    left, None when the entry holds none of it. Records it drops are added
+    to ``target`` (so later entries see the claims found here)."""
+    kind = entry.get("type")
+    if kind == "observation":
+        obs = entry["observation"]
+        if target.drops_observation(obs):
+            target.observations.add(obs["observation_id"])
+            target.subject_id = target.subject_id or obs["subject_id"]
+            target.claims.update(c["claim_id"] for c in entry.get("claims", []))
+            return stub(entry, target.erasure_id)
+        return _without_claims(entry, "claims", target)
+    if kind == "batch":
+        keep, dropped = [], []
+        for i, obs in enumerate(entry["observations"]):
+            (dropped if target.drops_observation(obs) else keep).append(i)
+        for i in dropped:
+            obs = entry["observations"][i]
+            target.observations.add(obs["observation_id"])
+            target.subject_id = target.subject_id or obs["subject_id"]
+        claims = [c for c in entry["claims"] if not target.drops_claim(c)]
+        target.claims.update(c["claim_id"] for c in entry["claims"] if target.drops_claim(c))
+        if not dropped and len(claims) == len(entry["claims"]):
+            return None
+        if not keep:
+            return stub(entry, target.erasure_id)
+        out = dict(entry, observations=[entry["observations"][i] for i in keep], claims=claims)
+        if "import" in entry:  # the imported lines stay aligned with the observations kept
+            out["import"] = dict(entry["import"], lines=[entry["import"]["lines"][i] for i in keep])
+        if "idempotency" in entry:
+            erased_ids = {entry["observations"][i]["observation_id"] for i in dropped}
+            out["idempotency"] = _answer_without(entry["idempotency"], erased_ids)
+        return out
+    if kind == "consolidation":
+        return _without_claims(entry, "claims", target)
+    if kind == "transition":
+        new_claim = entry.get("new_claim")
+        if entry["claim_id"] in target.claims or (new_claim and target.drops_claim(new_claim)):
+            if new_claim:
+                target.claims.add(new_claim["claim_id"])
+            return stub(entry, target.erasure_id)
+        return None
+    if kind == "feedback":
+        if entry.get("claim_id") in target.claims or entry.get("context_id") in target.runs:
+            return stub(entry, target.erasure_id)
+        return None
+    return None
+
+
+def _without_claims(entry: dict, field_name: str, target: Target) -> dict | None:
+    claims = entry.get(field_name, [])
+    dropped = [c for c in claims if target.drops_claim(c)]
+    if not dropped:
+        return None
+    target.claims.update(c["claim_id"] for c in dropped)
+    kept = [c for c in claims if not target.drops_claim(c)]
+    if not kept and entry["type"] == "consolidation":
+        return stub(entry, target.erasure_id)
+    out = dict(entry, **{field_name: kept})
+    return out
+
+
+def _answer_without(answer: dict, erased_ids: set[str]) -> dict:
+    """A batch's stored answer with the erased items' results replaced."""
+    data = answer.get("data") or {}
+    results = []
+    for item in data.get("results", []):
+        if item.get("data", {}).get("observation_id") in erased_ids:
+            item = {"index": item["index"], "error": {"code": "NOT_FOUND", "message": "this item was erased"}}
+        results.append(item)
+    return {**answer, "data": {**data, "results": results}}
+
+
+class LedgerPurge:
+    """One organization's erasures, carried out in its ledger."""
+
+    def __init__(self, store: Store, org_id: str, skew_ms: int, progress: Callable[[str], None]):
+        self.store = store
+        self.org_id = org_id
+        self.skew_ms = skew_ms
+        self.progress = progress
+        self.purged = Purged()
+
+    def carry_out(self, target: Target, db: apsw.Connection | None) -> Purged:
+        """What erasing ``target`` removed from the ledger."""
+        self.purged = Purged()
+        for key in self._candidates(target, db):
+            self._rewrite_key(key, target)
+        self._purge_runs(target)
+        for claim_id in sorted(target.claims):
+            hex_ = parse_id(claim_id, "claim")
+            if hex_ is not None:
+                self.store.purge(claim_head_key(self.org_id, hex_))
+                self.purged.claim_heads += 1
+        return self.purged
+
+    # -- where to look -----------------------------------------------------------
+
+    def _candidates(self, target: Target, db: apsw.Connection | None) -> list[str]:
+        """Ledger keys that may hold what ``target`` erases, in key order."""
+        prefix = ledger_prefix(self.org_id)
+        known = self._known_entries(target, db) if db is not None else None
+        if known is None:
+            self.progress(f"{self.org_id}: erasure {target.erasure_id}: reading the whole ledger")
+            return [k for k in self.store.list_keys(prefix) if not k.endswith(RUN_SUFFIX)]
+        watermark = read_meta(db, "watermark") or ""
+        start_after = prefix + uuid7_floor_hex(uuid7_ms(watermark) - self.skew_ms) if watermark else None
+        recent = [k for k in self.store.list_keys(prefix, start_after) if not k.endswith(RUN_SUFFIX)]
+        return sorted(set(recent) | {entry_key(self.org_id, hex_) for hex_ in known})
+
+    def _known_entries(self, target: Target, db: apsw.Connection) -> set[str] | None:
+        """Entry ids the previous generation says hold the target's records;
+        None when it cannot say (it applied this erasure already, or only the
+        target's hash is known)."""
+        if target.target_id is None:
+            return None
+        try:
+            if db.execute("SELECT 1 FROM erasures WHERE erasure_id = ?", (target.erasure_id,)).fetchone():
+                return None
+        except apsw.SQLError:  # a generation older than erasures: its tables say nothing of them
+            return None
+        limit = target.limit
+        entries: set[str] = set()
+        if target.kind == "subject":
+            observations = [o for o, in db.execute(
+                "SELECT observation_id FROM observations WHERE subject_id = ? AND observation_id < ?",
+                (target.target_id, "obs_" + limit))]
+            claims = db.execute("SELECT claim_id, entry_id FROM claims WHERE subject_id = ? AND claim_id < ?",
+                                (target.target_id, "claim_" + limit)).fetchall()
+        else:
+            observations = [target.target_id]
+            entries.add(entry_of(target.target_id[len("obs_"):]))
+            claims = []
+            for claim_id, entry_id in db.execute(
+                    "SELECT c.claim_id, c.entry_id FROM claim_sources s JOIN claims c USING(claim_id)"
+                    " WHERE s.observation_id = ? AND c.claim_id < ?", (target.target_id, "claim_" + limit)):
+                others = db.execute("SELECT count(*) FROM claim_sources WHERE claim_id = ? AND relation = 'supports'"
+                                    " AND observation_id != ?", (claim_id, target.target_id)).fetchone()[0]
+                if others == 0:  # it alone supports the claim: the claim goes too
+                    claims.append((claim_id, entry_id))
+            subject = db.execute("SELECT subject_id FROM observations WHERE observation_id = ?",
+                                 (target.target_id,)).fetchone()
+            target.subject_id = subject[0] if subject else target.subject_id
+        entries.update(entry_of(o[len("obs_"):]) for o in observations)
+        claim_ids = [c for c, _ in claims]
+        target.claims.update(claim_ids)
+        entries.update(e for _, e in claims)
+        for chunk in _chunks(claim_ids, 500):
+            marks = ",".join("?" * len(chunk))
+            entries.update(e for e, in db.execute(f"SELECT entry_id FROM transitions WHERE claim_id IN ({marks})", chunk))
+            entries.update(entry_of(f[len("fb_"):]) for f, in db.execute(
+                f"SELECT feedback_id FROM feedback WHERE claim_id IN ({marks})", chunk))
+        return entries
+
+    # -- rewriting -------------------------------------------------------------------
+
+    def _rewrite_key(self, key: str, target: Target) -> None:
+        try:
+            obj = self.store.get(key)
+        except ObjectNotFound:
+            return
+        entry = json.loads(obj.body)
+        if entry.get("type") == MOVED:  # a late entry: its records live under the key it names
+            key = key.replace(entry["entry_id"], entry["moved_to"])
+            try:
+                obj = self.store.get(key)
+            except ObjectNotFound:
+                return
+            entry = json.loads(obj.body)
+        new = rewrite(entry, target)
+        if new is None:
+            return
+        self._replace(key, obj.etag, new)
+        if new.get("type") == ERASED:
+            self.purged.entries_stubbed += 1
+            if entry.get("type") == "feedback":
+                self.purged.feedback_entries += 1
+        else:
+            self.purged.entries_rewritten += 1
+
+    def _replace(self, key: str, etag: str, new: dict) -> None:
+        body = encode(new)
+        for _ in range(5):
+            try:
+                self.store.compare_and_swap(key, body, etag)
+                break
+            except PreconditionFailed:  # another purge got there: read it again
+                current = self.store.get(key)
+                if current.body == body:
+                    break
+                etag = current.etag
+        self.store.purge_history(key)
+
+    def _purge_runs(self, target: Target) -> None:
+        """Stub the subject's context runs (and feedback on them) that this
+        erasure names; runs carry the subject tag in their ids."""
+        if target.kind == "observation" and not target.claims:
+            return  # runs hold claims, not observations
+        tag = subject_tag(self.org_id, target.subject_id) if target.subject_id else target.subject_tag
+        if tag is None:
+            return
+        keys = [k for k in self.store.list_keys(ledger_prefix(self.org_id))
+                if k.endswith(RUN_SUFFIX) and tag_of(entry_hex_of(k)) == tag
+                and entry_hex_of(k) < target.limit]
+        feedback = []
+        for key in keys:
+            try:
+                obj = self.store.get(key)
+            except ObjectNotFound:
+                continue
+            entry = json.loads(obj.body)
+            if entry.get("type") == "feedback":
+                feedback.append((key, obj, entry))
+                continue
+            if entry.get("type") != "context_run":
+                continue
+            items = {i["claim_id"] for i in entry.get("items", [])}
+            subject = entry.get("scope", {}).get("subject_id")
+            if (target.kind == "subject" and subject is not None and target.names(subject)) or items & target.claims:
+                target.runs.add(entry["context_id"])
+                self._replace(key, obj.etag, stub(entry, target.erasure_id))
+                self.purged.context_runs += 1
+        for key, obj, entry in feedback:  # feedback on a whole pack: it goes with its run
+            if entry.get("context_id") in target.runs:
+                self._replace(key, obj.etag, stub(entry, target.erasure_id))
+                self.purged.feedback_entries += 1
+
+
+def _chunks(values: list, size: int) -> Iterable[list]:
+    for start in range(0, len(values), size):
+        yield values[start:start + size]

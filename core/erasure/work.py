@@ -1,0 +1,115 @@
+"""The erasures one rebuild carries out: find them, purge the ledger, finish.
+
+A build (core/snapshot/build.py) asks ``pending()`` before it applies new
+entries, purges the ledger with the previous generation open (``purge``:
+it says where the targets' records are), applies the ``erasure`` entries
+like any other (core/snapshot/erase.py deletes the rows), publishes a
+generation with no older one kept, and only then marks the erasures
+``complete`` with their counts. A build that fails before publishing leaves
+them ``pending``: the next one does the work again (every step is
+idempotent).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import apsw
+
+from core.erasure import records
+from core.erasure.purge import LedgerPurge, Purged, Target
+from core.layout import RUN_SUFFIX
+from core.ledger import Ledger, encode
+from core.instants import canonical, now_utc
+from core.storage import PreconditionFailed, Store
+
+
+def target_of(record: dict) -> Target:
+    """The target of an erasure's status object (its id only while pending)."""
+    return Target(record["erasure_id"], record["target"], record["org_id"], record["target_sha256"],
+                  target_id=record.get("pending_target"), subject_tag=record.get("subject_tag"))
+
+
+class ErasureWork:
+    def __init__(self, store: Store, org_id: str, skew_ms: int,
+                 progress: Callable[[str], None] = lambda message: None):
+        self.store = store
+        self.org_id = org_id
+        self.skew_ms = skew_ms
+        self.progress = progress
+        self.targets: list[tuple[dict, Target]] = []
+        self.purged: dict[str, Purged] = {}  # erasure id -> what its ledger purge removed
+
+    def pending(self) -> list[dict]:
+        """The organization's pending erasures, each with its ledger entry
+        stored (an interrupted request may have stored only its status)."""
+        pending = records.pending(self.store, self.org_id)
+        ledger = Ledger(self.store)
+        for record in pending:
+            hex_ = record["erasure_id"][len("era_"):]
+            entry = {"entry_id": hex_, "type": "erasure", "org_id": self.org_id, "actor": record["requested_by"],
+                     "recorded_at": record["requested_at"], "erasure_id": record["erasure_id"],
+                     "target": record["target"], "target_sha256": record["target_sha256"]}
+            try:
+                ledger.store_entry(self.org_id, hex_, encode(entry))
+            except PreconditionFailed:
+                pass  # stored with the request, as it should be
+        self.targets = [(r, target_of(r)) for r in pending]
+        return pending
+
+    def purge(self, db: apsw.Connection | None) -> None:
+        """Carry every pending erasure out in the ledger; ``db``: the
+        previous generation (None when the build starts from empty)."""
+        purge = LedgerPurge(self.store, self.org_id, self.skew_ms, self.progress)
+        for record, target in self.targets:
+            self.progress(f"{self.org_id}: erasure {record['erasure_id']}: purging the ledger")
+            self.purged[record["erasure_id"]] = purge.carry_out(target, db)
+
+    def complete(self, erased: dict[str, dict]) -> list[dict]:
+        """Mark every pending erasure complete (after the generation without
+        their records was published) and append its content-free outcome to
+        the ledger. ``erased``: by erasure id, what the build removed from
+        the snapshot (core.snapshot.erase.Erased.as_counts)."""
+        done = []
+        completed_at = canonical(now_utc())
+        ledger = Ledger(self.store)
+        for record, _ in self.targets:
+            erasure_id = record["erasure_id"]
+            if erasure_id not in erased:
+                continue  # its entry was not applied by this build (the next one applies it)
+            purged = self.purged.get(erasure_id, Purged())
+            counts = {**erased.get(erasure_id, {}), "context_runs": purged.context_runs,
+                      "feedback": purged.feedback_entries}
+            finished = records.complete(self.store, self.org_id, record, counts, completed_at)
+            # under the suffix no snapshot needs: the outcome is for people, not for builds
+            ledger.append(self.org_id, "erasure_complete", {
+                "erasure_id": erasure_id, "target_sha256": record["target_sha256"],
+                "counts": finished["counts"], "completed_at": completed_at},
+                actor="rebuild", suffix=RUN_SUFFIX)
+            done.append(finished)
+        return done
+
+    def recover(self, erased: dict[str, dict]) -> None:
+        """Complete the erasures a published generation carried out, with the
+        counts its pointer records, when the build that published it stopped
+        before marking them complete."""
+        still = [r for r in records.pending(self.store, self.org_id) if r["erasure_id"] in erased]
+        if still:
+            self.targets = [(r, target_of(r)) for r in still]
+            self.complete(erased)
+
+
+def reapply(store: Store, org_id: str, progress: Callable[[str], None] = lambda message: None) -> dict:
+    """Carry every completed erasure of the organization out in the ledger
+    again, by hash alone (no completed erasure keeps the id it erased):
+    what an operator runs after restoring ledger objects from a backup made
+    before an erasure. The served generation needs nothing: the next build
+    enforces every erasure on whatever it applies (core/snapshot/erase.py)."""
+    purge = LedgerPurge(store, org_id, 0, progress)
+    done = {}
+    for record in records.completed(store, org_id):
+        purged = purge.carry_out(target_of(record), None)
+        done[record["erasure_id"]] = {"entries_stubbed": purged.entries_stubbed,
+                                      "entries_rewritten": purged.entries_rewritten,
+                                      "context_runs": purged.context_runs, "claim_heads": purged.claim_heads}
+    return {"org_id": org_id, "erasures": done}

@@ -1,0 +1,196 @@
+"""Erasure, as a snapshot applies it: the rows of what an erasure names, gone.
+
+An ``erasure`` ledger entry names its target by hash only
+(``core.erasure.records.target_sha256``): a subject, or one observation. Its
+application deletes, among records created before the erasure:
+
+- **a subject**: its observations and claims, and with each claim its
+  sources, transitions and feedback;
+- **an observation**: the observation, every claim that it alone supports
+  (as above), and its place in the evidence of the claims it does not alone
+  support; their trust is capped again by the strongest supporting evidence
+  that remains (their visibility needs nothing: it was never wider than the
+  narrowest evidence, and removing evidence only widens that bound).
+
+The erasure is recorded in the ``erasures`` table and stays a standing rule:
+a record it names that arrives later (a late entry, or a ledger object
+restored from a backup made before the erasure) is never applied again
+(``Erasures.enforce``). Rows are deleted with SQLite's ``secure_delete`` on
+(the build connection sets it), the FTS5 index is merged afterwards so no
+segment keeps a deleted claim's terms, and the file is rewritten whole
+(``finish``), so no free page keeps a copy either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import apsw
+
+from core.domain import TRUST_LEVELS
+from core.lexical import LexicalChanges
+
+
+def _sha(org_id: str, target: str, target_id: str) -> str:
+    # the same hash as core.erasure.records.target_sha256 (which imports nothing of the snapshot)
+    return hashlib.sha256(f"{org_id}\n{target}\n{target_id}".encode()).hexdigest()
+
+
+@dataclass
+class Erased:
+    """What one erasure removed from the snapshot, by record type."""
+    observations: int = 0
+    claims: int = 0
+    feedback: int = 0
+    embeddings: int = 0
+
+    def as_counts(self) -> dict:
+        return {"observations": self.observations, "claims": self.claims, "feedback": self.feedback,
+                "embeddings": self.embeddings}
+
+
+class Erasures:
+    """The organization's erasures as one build applies and enforces them."""
+
+    def __init__(self, db: apsw.Connection, org_id: str):
+        self.db = db
+        self.org_id = org_id
+        self.standing = [tuple(r) for r in db.execute("SELECT erasure_id, target, target_sha256 FROM erasures")]
+        self.applied: dict[str, Erased] = {}  # erasure id -> what applying it removed, this build
+        self.erased = Erased()  # the erasure being applied
+        self._hashes: dict[tuple[str, str], str] = {}
+
+    def _hash(self, target: str, target_id: str) -> str:
+        key = (target, target_id)
+        value = self._hashes.get(key)
+        if value is None:
+            value = self._hashes[key] = _sha(self.org_id, target, target_id)
+        return value
+
+    # -- the standing rule ----------------------------------------------------
+
+    # -- applying an erasure entry ---------------------------------------------
+
+    def apply(self, entry: dict, touched: set[str], lexical: LexicalChanges) -> None:
+        erasure_id, target, sha = entry["erasure_id"], entry["target"], entry["target_sha256"]
+        self.db.execute("INSERT OR IGNORE INTO erasures(erasure_id, target, target_sha256) VALUES(?, ?, ?)",
+                        (erasure_id, target, sha))
+        if (erasure_id, target, sha) not in self.standing:
+            self.standing.append((erasure_id, target, sha))
+        self._erase(erasure_id, target, sha, touched, lexical)
+
+    def enforce(self, entry: dict, touched: set[str], lexical: LexicalChanges) -> None:
+        """An entry just applied holds a record an earlier-recorded erasure
+        names (a late entry, a restored backup): erase again what it names."""
+        observations = ([entry["observation"]] if entry["type"] == "observation"
+                        else entry.get("observations", []) if entry["type"] == "batch" else [])
+        claims = list(entry.get("claims", [])) + ([entry["new_claim"]] if entry.get("new_claim") else [])
+        for erasure_id, target, sha in list(self.standing):
+            limit = erasure_id[len("era_"):]
+            named = any(o["observation_id"][len("obs_"):] < limit and self._names(target, sha, o["subject_id"],
+                                                                                o["observation_id"])
+                        for o in observations)
+            named = named or any(c["claim_id"][len("claim_"):] < limit and (
+                self._names(target, sha, c["subject_id"], None)
+                or any(self._names(target, sha, c["subject_id"], s["observation_id"]) for s in c["sources"]))
+                for c in claims)
+            if named:
+                self._erase(erasure_id, target, sha, touched, lexical)
+
+    def _names(self, target: str, sha: str, subject_id: str, observation_id: str | None) -> bool:
+        if target == "subject":
+            return self._hash("subject", subject_id) == sha
+        return observation_id is not None and self._hash("observation", observation_id) == sha
+
+    def _erase(self, erasure_id: str, target: str, sha: str, touched: set[str], lexical: LexicalChanges) -> None:
+        limit = erasure_id[len("era_"):]
+        db = self.db
+        self.erased = self.applied.setdefault(erasure_id, Erased())
+        if target == "subject":
+            subjects = {s for s, in db.execute("SELECT subject_id FROM observations UNION SELECT subject_id FROM claims")}
+            matched = [s for s in subjects if self._hash("subject", s) == sha]
+            for subject_id in matched:
+                for claim_id, in db.execute("SELECT claim_id FROM claims WHERE subject_id = ? AND claim_id < ?",
+                                            (subject_id, "claim_" + limit)).fetchall():
+                    self._delete_claim(claim_id, lexical)
+                self.erased.observations += self._count(
+                    "DELETE FROM observations WHERE subject_id = ? AND observation_id < ? RETURNING 1",
+                    (subject_id, "obs_" + limit))
+            return
+        # one observation: it is found by hash among the observations and the sources that cite it
+        ids = {o for o, in db.execute("SELECT observation_id FROM observations"
+                                      " UNION SELECT observation_id FROM claim_sources")}
+        for observation_id in [o for o in ids if o < "obs_" + limit and self._hash("observation", o) == sha]:
+            self.erased.observations += self._count(
+                "DELETE FROM observations WHERE observation_id = ? RETURNING 1", (observation_id,))
+            citing = [c for c, in db.execute("SELECT DISTINCT claim_id FROM claim_sources WHERE observation_id = ?",
+                                             (observation_id,)).fetchall()]
+            for claim_id in citing:
+                others = db.execute("SELECT count(*) FROM claim_sources WHERE claim_id = ? AND relation = 'supports'"
+                                    " AND observation_id != ?", (claim_id, observation_id)).fetchone()[0]
+                if others == 0:
+                    self._delete_claim(claim_id, lexical)
+                    continue
+                db.execute("DELETE FROM claim_sources WHERE claim_id = ? AND observation_id = ?",
+                           (claim_id, observation_id))
+                self._cap_trust(claim_id)
+                touched.add(claim_id)
+
+    def _cap_trust(self, claim_id: str) -> None:
+        """A claim's trust never exceeds its strongest remaining supporting evidence."""
+        db = self.db
+        levels = [TRUST_LEVELS[t] for t, in db.execute(
+            "SELECT o.trust FROM claim_sources s JOIN observations o USING(observation_id)"
+            " WHERE s.claim_id = ? AND s.relation = 'supports'", (claim_id,))]
+        trust, level = db.execute("SELECT trust, trust_level FROM claims WHERE claim_id = ?", (claim_id,)).fetchone()
+        cap = max(levels) if levels else 0
+        if level > cap:
+            name = next(name for name, lv in TRUST_LEVELS.items() if lv == cap)
+            db.execute("UPDATE claims SET trust = ?, trust_level = ? WHERE claim_id = ?", (name, cap, claim_id))
+
+    def _delete_claim(self, claim_id: str, lexical: LexicalChanges) -> None:
+        db = self.db
+        row = db.execute("SELECT rowid, subject_id, statement, indexed FROM claims WHERE claim_id = ?",
+                         (claim_id,)).fetchone()
+        if row is None:
+            return
+        rowid, subject_id, statement, indexed = row
+        if indexed:
+            db.execute("DELETE FROM claims_fts WHERE rowid = ?", (rowid,))
+            lexical.deleted(rowid, subject_id, statement)
+        # (its vector row goes with the whole vector index: clear_indexes)
+        db.execute("DELETE FROM claim_sources WHERE claim_id = ?", (claim_id,))
+        db.execute("DELETE FROM transitions WHERE claim_id = ?", (claim_id,))
+        self.erased.feedback += self._count("DELETE FROM feedback WHERE claim_id = ? RETURNING 1", (claim_id,))
+        db.execute("DELETE FROM claims WHERE rowid = ?", (rowid,))
+        self.erased.claims += 1
+        self._forget_embedding(statement)
+
+    def _forget_embedding(self, statement: str) -> None:
+        """Drop a statement's cached vector once no remaining claim says it."""
+        db = self.db
+        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'embed_cache'").fetchone() is None:
+            return
+        if db.execute("SELECT 1 FROM claims WHERE statement = ? LIMIT 1", (statement,)).fetchone() is not None:
+            return
+        from core.vectors.embedder import text_sha256  # only where vectors were built
+        self.erased.embeddings += self._count("DELETE FROM embed_cache WHERE text_sha256 = ? RETURNING 1",
+                                              (text_sha256(statement),))
+
+    def _count(self, sql: str, params) -> int:
+        return len(self.db.execute(sql, params).fetchall())
+
+
+def clear_indexes(db: apsw.Connection) -> None:
+    """After an erasure: merge the FTS5 index into one segment (no segment
+    keeps a deleted claim's terms) and drop the vector index (vec0 chunks
+    keep deleted vectors' bytes; the build's vector sync rebuilds it from
+    the embedding cache, embedding nothing). The build rewrites the file
+    whole (``VACUUM``) last, so no free page keeps a copy either."""
+    with db:
+        db.execute("INSERT INTO claims_fts(claims_fts) VALUES('optimize')")
+        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'claims_vec'").fetchone() is not None:
+            from core.vectors.index import load_sqlite_vec  # only where vectors were built
+            load_sqlite_vec(db)  # a vec0 table is dropped through its module
+            db.execute("DROP TABLE claims_vec")

@@ -1,0 +1,325 @@
+"""Forget on request (docs/api.md §16): erase a subject or one observation,
+from every copy — the snapshot (free pages and FTS segments included), kept
+generations, the ledger and every stored version of it, the rebuild's kept
+file, the reader's cache, the embedding cache and the vector rows — on the
+local store and on a versioned S3 bucket (moto)."""
+
+import hashlib
+import json
+import os
+
+import boto3
+import pytest
+
+from core.config import Settings
+from core.service import Service
+from core.snapshot.build import SnapshotBuilder
+from core.snapshot.pointer import read_pointer
+from core.snapshot.rollback import rollback
+from core.vectors.feature_hash import HashEmbedder
+from core.writes.importer import import_file
+from conftest import ALL_SCOPES, Api
+
+AT = "2027-06-01T00:00:00Z"  # after every record the tests write: all are valid then
+# S's distinctive text: lower case letters only, so FTS5 keeps each word as written
+S_MARKS = ["quokkazanzibar", "velvetpangolin", "marmalademonsoon", "periwinklefjord", "tangerinetundra"]
+
+
+@pytest.fixture
+def world(store, tmp_path):
+    """A service over ``store`` (local directory or versioned S3) with the
+    vector path on, and S's distinctive text in every kind of record."""
+    settings = Settings.from_env(store_url=store.url, env={"TITEN_SNAPSHOT_TTL": "0",
+                                                           "TITEN_CACHE_DIR": str(tmp_path / "cache")})
+    service = Service(settings, store=store, embedder=HashEmbedder(64))
+    api = Api(service)
+    key = api.key(scopes=ALL_SCOPES + ",memory:erase")
+    s_obs = [api.observe(key, subject_id="subj_s", content=f"Observed: {S_MARKS[0]} near the dock.",
+                         claim={"statement": f"The {S_MARKS[1]} deploy note holds.", "kind": "procedural",
+                                "confidence": 0.9})]
+    s_obs.append(api.observe(key, subject_id="subj_s", content=f"A second note on {S_MARKS[2]}."))
+    cons = api.post("/v1/consolidations", {"subject_id": "subj_s", "claims": [
+        {"statement": f"Consolidated: {S_MARKS[2]} deploy rule.", "kind": "semantic_fact", "confidence": 0.8,
+         "sources": [{"observation_id": s_obs[1]["observation_id"], "relation": "supports"}]}]}, key)
+    assert cons.status_code == 201, cons.text
+    # one import batch shared by S and T
+    lines = tmp_path / "shared.ndjson"
+    with open(lines, "w") as f:
+        for subject, text in (("subj_s", f"Imported {S_MARKS[3]} deploy fact."), ("subj_t", "Imported deploy fact."),
+                              ("subj_s", f"Imported {S_MARKS[3]} again."), ("subj_t", "Second deploy fact.")):
+            f.write(json.dumps({"subject_id": subject, "kind": "imported_source", "content": text,
+                                "visibility": "organization", "source": {"type": "file", "ref": "shared"},
+                                "claim": {"statement": text, "kind": "semantic_fact", "confidence": 0.7}}) + "\n")
+    principal = service.keys.authenticate(key["authorization"])
+    import_file(store, principal, str(lines), batch_size=10)
+    for i in range(3):
+        api.observe(key, subject_id="subj_t", content=f"T evidence {i}.",
+                    claim={"statement": f"Deploy checklist item {i} for t.", "kind": "procedural",
+                           "confidence": 0.9})
+    api.rebuild(key)
+    # compiled packs of S, and feedback on one of them (on a claim, and on the whole pack)
+    pack = api.compile(key, f"{S_MARKS[1]} deploy", subject_id="subj_s", at=AT).json()["data"]
+    assert pack["items"]
+    assert api.post(f"/v1/context/{pack['context_id']}/feedback",
+                    {"outcome": "useful", "claim_id": pack["items"][0]["claim_id"],
+                     "reason_code": S_MARKS[4]}, key).status_code == 201
+    assert api.post(f"/v1/context/{pack['context_id']}/feedback", {"outcome": "used"}, key).status_code == 201
+    api.rebuild(key)
+    return {"api": api, "key": key, "service": service, "store": store, "tmp": tmp_path, "pack": pack,
+            "s_obs": s_obs}
+
+
+def t_digest(api, key) -> str:
+    """T's pack for a fixed task and instant, less what every compile draws anew.
+
+    BM25's statistics are the organization's (docs/api.md §9.3), so any
+    write or erasure may move the *relative* relevance of other subjects'
+    claims; the task matches only T's claims of one shape (one term, same
+    length), whose relevance is 1 whatever those statistics are."""
+    data = api.compile(key, "checklist", subject_id="subj_t", at=AT).json()["data"]
+    assert data["items"]
+    return hashlib.sha256(json.dumps({k: v for k, v in data.items() if k != "context_id"},
+                                     sort_keys=True).encode()).hexdigest()
+
+
+def stored_bytes(store, roots) -> list[tuple[str, bytes]]:
+    """Every file under ``roots``, and every object version in the bucket when ``store`` is S3."""
+    out = []
+    for root in roots:
+        for directory, _, files in os.walk(root):
+            for name in files:
+                path = os.path.join(directory, name)
+                with open(path, "rb") as f:
+                    out.append((path, f.read()))
+    if store.url.startswith("s3://"):
+        s3 = boto3.client("s3", region_name="us-east-1")
+        for page in s3.get_paginator("list_object_versions").paginate(Bucket="titen-test"):
+            for version in page.get("Versions", []):
+                body = s3.get_object(Bucket="titen-test", Key=version["Key"], VersionId=version["VersionId"])
+                out.append((f"s3://{version['Key']}@{version['VersionId']}", body["Body"].read()))
+    return out
+
+
+def roots(world) -> list[str]:
+    store = world["store"]
+    local = [store.root] if not store.url.startswith("s3://") else []
+    return local + [str(world["tmp"] / "cache")]
+
+
+def found(world, marks) -> list[tuple[str, str]]:
+    hits = []
+    for where, body in stored_bytes(world["store"], roots(world)):
+        lowered = body.lower()
+        hits += [(where, m) for m in marks if m.encode() in lowered]
+    return hits
+
+
+def erase(world, path) -> dict:
+    api, key = world["api"], world["key"]
+    asked = api.client.delete(path, headers={"authorization": key["authorization"]})
+    assert asked.status_code == 202, asked.text
+    return asked.json()["data"]
+
+
+def status(world, erasure_id):
+    api, key = world["api"], world["key"]
+    return api.get(f"/v1/erasures/{erasure_id}", key)
+
+
+# -- a subject -------------------------------------------------------------------
+
+def test_erasing_a_subject_leaves_no_copy_of_its_text_anywhere(world):
+    api, key = world["api"], world["key"]
+    assert found(world, S_MARKS), "the test needs S's text stored first"
+    before_t = t_digest(api, key)
+    asked = erase(world, "/v1/subjects/subj_s")
+    assert asked["subject_id"] == "subj_s" and asked["status"] == "pending"
+    assert asked["erasure_id"].startswith("era_")
+    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "pending"
+    api.rebuild(key)
+    done = status(world, asked["erasure_id"]).json()["data"]
+    assert done["status"] == "complete" and done["completed_at"]
+    assert done["counts"]["observations"] == 4 and done["counts"]["claims"] == 4
+    assert done["counts"]["context_runs"] >= 1 and done["counts"]["feedback"] == 2
+    assert done["counts"]["embeddings"] >= 1
+    assert found(world, S_MARKS + ["subj_s"]) == []
+    assert t_digest(api, key) == before_t
+
+
+def test_an_erased_subject_compiles_to_nothing_and_its_pack_and_records_are_gone(world):
+    api, key, pack = world["api"], world["key"], world["pack"]
+    erase(world, "/v1/subjects/subj_s")
+    api.rebuild(key)
+    assert api.compile(key, f"{S_MARKS[1]} deploy", subject_id="subj_s").json()["data"]["items"] == []
+    assert api.get(f"/v1/context/{pack['context_id']}", key).status_code == 404
+    assert api.get(f"/v1/claims/{pack['items'][0]['claim_id']}/evidence", key).status_code == 404
+
+
+def test_after_an_erasure_a_build_from_scratch_agrees_with_the_incremental_one(world):
+    api, key, store = world["api"], world["key"], world["store"]
+    erase(world, "/v1/subjects/subj_s")
+    incremental = api.rebuild(key)
+    replayed = SnapshotBuilder(store, "acme", work_dir=str(world["tmp"] / "replay")).rebuild(from_scratch=True)
+    assert replayed.content_hash == incremental["content_hash"]
+
+
+def test_the_erasure_record_in_the_ledger_is_content_free(world):
+    api, key, store = world["api"], world["key"], world["store"]
+    asked = erase(world, "/v1/subjects/subj_s")
+    api.rebuild(key)
+    records = [json.loads(store.get(k).body) for k in store.list_keys("orgs/acme/ledger/")]
+    stubs = [r for r in records if r["type"] == "erased"]
+    assert stubs and all(set(r) == {"entry_id", "type", "org_id", "erasure_id"} for r in stubs)
+    erasure = [r for r in records if r.get("erasure_id") == asked["erasure_id"] and r["type"] != "erased"]
+    assert {r["type"] for r in erasure} == {"erasure", "erasure_complete"}
+    for record in erasure:
+        assert "subj_s" not in json.dumps(record)
+    (complete,) = [r for r in erasure if r["type"] == "erasure_complete"]
+    assert complete["counts"]["claims"] == 4
+    assert erasure[0]["target_sha256"] == hashlib.sha256(b"acme\nsubject\nsubj_s").hexdigest()
+
+
+def test_a_rollback_to_a_generation_from_before_the_erasure_is_refused(world):
+    api, key, store = world["api"], world["key"], world["store"]
+    before = read_pointer(store, "acme")[0]["generation"]
+    erase(world, "/v1/subjects/subj_s")
+    api.rebuild(key)
+    pointer = read_pointer(store, "acme")[0]
+    assert [h["generation"] for h in pointer["history"]] == [pointer["generation"]]
+    with pytest.raises(ValueError, match="erasure"):
+        rollback(store, "acme", before)
+
+
+def test_records_about_the_subject_written_after_the_erasure_are_kept(world):
+    api, key = world["api"], world["key"]
+    erase(world, "/v1/subjects/subj_s")
+    later = api.observe(key, subject_id="subj_s", content="Written after the erasure.",
+                        claim={"statement": "A new start for s.", "kind": "semantic_fact", "confidence": 0.9})
+    api.rebuild(key)
+    data = api.compile(key, "new start", subject_id="subj_s").json()["data"]
+    assert [i["claim_id"] for i in data["items"]] == [later["claim_id"]]
+
+
+def test_erasing_a_subject_with_no_records_completes_with_zero_counts(world):
+    api, key = world["api"], world["key"]
+    asked = erase(world, "/v1/subjects/nobody_here")
+    api.rebuild(key)
+    done = status(world, asked["erasure_id"]).json()["data"]
+    assert done["status"] == "complete"
+    assert done["counts"] == {"observations": 0, "claims": 0, "context_runs": 0, "feedback": 0, "embeddings": 0}
+
+
+# -- one observation ----------------------------------------------------------------
+
+def test_erasing_an_observation_keeps_a_claim_it_does_not_alone_support(world):
+    api, key = world["api"], world["key"]
+    secret = "zebracrumpet"
+    kept = api.observe(key, subject_id="subj_u", content="The runbook says canaries first.", trust="verified")
+    gone = api.observe(key, subject_id="subj_u", content=f"A {secret} remark, to be forgotten.",
+                       trust="verified")
+    written = api.post("/v1/consolidations", {"subject_id": "subj_u", "claims": [
+        {"statement": "Canaries go first.", "kind": "procedural", "confidence": 0.9, "trust": "verified",
+         "sources": [{"observation_id": kept["observation_id"], "relation": "supports"},
+                     {"observation_id": gone["observation_id"], "relation": "supports"}]}]}, key)
+    claim_id = written.json()["data"]["claim_ids"][0]
+    api.rebuild(key)
+    assert found(world, [secret])
+    asked = erase(world, f"/v1/observations/{gone['observation_id']}")
+    assert asked == {"erasure_id": asked["erasure_id"], "observation_id": gone["observation_id"],
+                     "status": "pending"}
+    api.rebuild(key)
+    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
+    evidence = api.get(f"/v1/claims/{claim_id}/evidence", key).json()["data"]
+    assert [e["observation_id"] for e in evidence["evidence"]] == [kept["observation_id"]]
+    assert evidence["claim"]["trust"] == "verified"
+    assert found(world, [secret]) == []
+
+
+def test_erasing_an_observation_erases_the_claims_it_alone_supports_and_caps_the_others(world):
+    api, key = world["api"], world["key"]
+    strong = api.observe(key, subject_id="subj_v", content="Verified source.", trust="verified",
+                         claim={"statement": "Only this one says so.", "kind": "semantic_fact", "confidence": 0.9})
+    weak = api.observe(key, subject_id="subj_v", content="Hearsay.", trust="unverified")
+    both = api.post("/v1/consolidations", {"subject_id": "subj_v", "claims": [
+        {"statement": "Both say so.", "kind": "semantic_fact", "confidence": 0.9,
+         "sources": [{"observation_id": strong["observation_id"], "relation": "supports"},
+                     {"observation_id": weak["observation_id"], "relation": "supports"}]}]}, key)
+    both_id = both.json()["data"]["claim_ids"][0]
+    api.rebuild(key)
+    erase(world, f"/v1/observations/{strong['observation_id']}")
+    api.rebuild(key)
+    assert api.get(f"/v1/claims/{strong['claim_id']}/evidence", key).status_code == 404
+    survivor = api.get(f"/v1/claims/{both_id}/evidence", key).json()["data"]["claim"]
+    assert survivor["trust"] == "unverified"  # its strongest remaining support
+
+
+# -- scope ----------------------------------------------------------------------------
+
+def test_a_key_without_memory_erase_is_forbidden_on_every_erasure_route(world):
+    api = world["api"]
+    writer = api.key(principal="bob", scopes="context:compile,memory:write")
+    obs = world["s_obs"][0]["observation_id"]
+    for method, path in (("DELETE", "/v1/subjects/subj_s"), ("DELETE", f"/v1/observations/{obs}"),
+                         ("GET", "/v1/erasures/era_" + "0" * 32)):
+        answer = api.client.request(method, path, headers={"authorization": writer["authorization"]})
+        assert answer.status_code == 403 and answer.json()["error"]["code"] == "FORBIDDEN", (method, path)
+    assert list(world["store"].list_keys("orgs/acme/erasures/")) == []
+
+
+def test_a_foreign_or_unreadable_observation_reads_like_an_unknown_one(world):
+    api = world["api"]
+    foreign = api.key(org="globex", principal="eve", scopes="memory:erase,memory:write")
+    private = api.observe(world["key"], subject_id="subj_w", content="Private to alice.", visibility="private")
+    bob = api.key(principal="bob", scopes="memory:erase")
+    unknown = "obs_" + "0" * 32
+    for caller, obs in ((foreign, world["s_obs"][0]["observation_id"]), (bob, private["observation_id"])):
+        seen = api.client.delete(f"/v1/observations/{obs}", headers={"authorization": caller["authorization"]})
+        none = api.client.delete(f"/v1/observations/{unknown}", headers={"authorization": caller["authorization"]})
+        assert seen.status_code == none.status_code == 404
+        assert seen.json()["error"]["message"].replace(obs, "ID") == none.json()["error"]["message"].replace(
+            unknown, "ID")
+    assert list(world["store"].list_keys("orgs/globex/erasures/")) == []
+
+
+def test_an_erasure_is_not_readable_by_another_organization(world):
+    api = world["api"]
+    asked = erase(world, "/v1/subjects/subj_s")
+    foreign = api.key(org="globex", principal="eve", scopes="memory:erase")
+    unknown = "era_" + "0" * 32
+    seen = api.get(f"/v1/erasures/{asked['erasure_id']}", foreign)
+    none = api.get(f"/v1/erasures/{unknown}", foreign)
+    assert seen.status_code == none.status_code == 404
+    assert seen.json()["error"]["message"].replace(asked["erasure_id"], "ID") == \
+        none.json()["error"]["message"].replace(unknown, "ID")
+
+
+def test_a_retried_write_whose_records_were_erased_is_a_conflict_not_a_second_copy(world):
+    api, key = world["api"], world["key"]
+    body = {"subject_id": "subj_x", "kind": "tool_result", "content": "once", "source": {"type": "tool", "ref": "r"},
+            "visibility": "organization"}
+    first = api.post("/v1/observations", body, {**key, "idempotency-key": "k-1"})
+    assert first.status_code == 201
+    api.rebuild(key)
+    erase(world, "/v1/subjects/subj_x")
+    api.rebuild(key)
+    again = api.post("/v1/observations", body, {**key, "idempotency-key": "k-1"})
+    assert again.status_code == 409 and "erased" in again.json()["error"]["message"]
+
+
+def test_ledger_objects_restored_from_a_backup_are_erased_again_by_reapply(world):
+    from core.erasure.work import reapply
+    api, key, store = world["api"], world["key"], world["store"]
+    backup = {k: store.get(k).body for k in store.list_keys("orgs/acme/ledger/")}  # before the erasure
+    erase(world, "/v1/subjects/subj_s")
+    api.rebuild(key)
+    assert found(world, S_MARKS) == []
+    for k, body in backup.items():  # a restore puts the old objects back over the stubs
+        current = store.get(k)
+        if current.body != body:
+            store.compare_and_swap(k, body, current.etag)
+    assert found(world, S_MARKS)
+    outcome = reapply(store, "acme")
+    assert sum(e["entries_stubbed"] + e["entries_rewritten"] for e in outcome["erasures"].values()) > 0
+    assert found(world, S_MARKS + ["subj_s"]) == []
+    # and what is served never had them back
+    assert api.compile(key, f"{S_MARKS[1]} deploy", subject_id="subj_s").json()["data"]["items"] == []
