@@ -1,30 +1,26 @@
 """Compile latency over HTTP: ``titen serve`` on loopback, concurrency 1.
 
-    .venv/bin/python bench/compile_http.py                # 1000,10000,50000 (+ 100k/342k if built)
-    .venv/bin/python bench/compile_http.py --sizes 50000,342000
+    .venv/bin/python -m bench.compile_http                # 1000,10000,50000 (+ 100k/342k if built)
+    .venv/bin/python -m bench.compile_http --sizes 50000,342000
 
-(Not ``bench/http.py``: ``python bench/<script>.py`` puts bench/ first on
-``sys.path``, where a file named ``http.py`` shadows the standard library's
-``http`` package for every bench script — starlette's ``import http.client``
-then fails.)
-
-For each size: build or reuse ``bench/.data/n<n>`` (``bench/corpus.py``; the
-stores ``bench/load.py`` builds through the CLI are reused as they are),
+For each size: build or reuse ``bench/.data/n<n>`` (``bench.common.build_org``;
+the stores ``bench.load`` builds through the CLI are reused as they are),
 create a key with ``titen keys create --org bench --principal bench --scopes
-context:compile --json``, start ``.venv/bin/titen serve --port P --data-dir
-DIR`` as a subprocess, wait for ``/readyz``, and replay the workload — 20
-warm-up, then 200 measured compiles with ``max_tokens`` 1200 — one at a time
-over ONE persistent keep-alive connection (``http.client.HTTPConnection``).
-Each request's client-side wall time (send → last byte read,
-``time.perf_counter``) is one sample. At the end the server's peak resident
-memory (``VmHWM`` in ``/proc/<pid>/status``) is read and the server stopped.
+context:compile --json``, start ``titen serve --port P --data-dir DIR`` as a
+subprocess (``bench.common.Served``), wait for ``/readyz``, and replay the
+workload — 20 warm-up, then 200 measured compiles with ``max_tokens`` 1200 —
+one at a time over ONE persistent keep-alive connection
+(``http.client.HTTPConnection``). Each request's client-side wall time (send
+→ last byte read, ``time.perf_counter``) is one sample. At the end the
+server's peak resident memory (``VmHWM`` in ``/proc/<pid>/status``) is read
+and the server stopped.
 
 Then, in this process with the server gone, the bare FTS5 candidate query
-(``core.retrieval.fts_candidates``: same snapshot file, same principal, same
-scope from ``CompileScope.where()``, same MATCH expression) runs for the same
-200 tasks after the same warm-up, and the HTTP compile p95 is divided by its
-p95. ``step p95`` is the candidate step compile actually runs
-(``core.retrieval.lexical_candidates``).
+(``core.compile.retrieval.fts_candidates``: same snapshot file, same
+principal, same scope from ``CompileScope.where()``, same MATCH expression)
+runs for the same 200 tasks after the same warm-up, and the HTTP compile p95
+is divided by its p95. ``step p95`` is the candidate step
+compile actually runs (``core.compile.retrieval.lexical_candidates``).
 
 Printed beside the reference (TypeScript server, same workload, HTTP loopback,
 concurrency 1: 13.0 / 62.6 / 255 ms p95) and the issue's targets (p95 <= 3 /
@@ -37,77 +33,53 @@ Each compile records a context run in the store's ledger, as in production.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import platform
+import statistics
+import subprocess
 import sys
+import time
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import common
 
-import argparse  # noqa: E402
-import http.client  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import signal  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from bench import corpus  # noqa: E402
-from bench.compile import REFERENCE, percentile, summary_ms  # noqa: E402
-from bench.served import free_port, rss_mib as proc_status  # noqa: E402
-
-TITEN = str(corpus.ROOT / ".venv" / "bin" / "titen")
-RESULTS_FILE = corpus.RESULTS_DIR / "compile-http.json"
+RESULTS_FILE = common.RESULTS_DIR / "compile-http.json"
 DEFAULT_SIZES = (1000, 10000, 50000)
 OPTIONAL_SIZES = (100000, 342000)  # added by default when already built (1M: --sizes)
 TARGET_P95_MS = {1000: 3.0, 10000: 8.0, 50000: 25.0}
 TARGET_RATIO = 1.5       # HTTP compile p95 / bare FTS5 query p95, at >= 50k
 TARGET_RSS_MIB = 100.0   # peak server RSS at 50k
+COMPILE = "/v1/context/compile"
 
 
-def wait_ready(port: int, server: subprocess.Popen, timeout: float = 600.0) -> float:
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < timeout:
-        if server.poll() is not None:
-            raise SystemExit(f"titen serve exited with {server.returncode}")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            conn.request("GET", "/readyz")
-            resp = conn.getresponse()
-            resp.read()
-            conn.close()
-            if resp.status == 200:
-                return time.perf_counter() - t0
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"titen serve not ready after {timeout:.0f} s")
+def compile_bodies(workload: dict, tasks: list[str]) -> list[str]:
+    return [json.dumps({"subject_id": workload["subject_id"], "task": task, "max_tokens": workload["max_tokens"]})
+            for task in tasks]
 
 
-def run_size(n: int, workload: dict, *, progress=corpus._log) -> dict:
-    build = corpus.build_org(None, n, progress=progress)
+def run_size(n: int, workload: dict, *, progress=common.log) -> dict:
+    build = common.build_org(None, n, progress=progress)
     directory = Path(build["data_dir"])
     cache = directory / "cache"
     before_cache = set(os.listdir(cache)) if cache.exists() else set()
     key = json.loads(subprocess.run(
-        [TITEN, "keys", "create", "--org", corpus.ORG, "--principal", "bench", "--scopes", "context:compile",
-         "--json", "--data-dir", str(directory)], check=True, capture_output=True, text=True).stdout)
-    port = free_port()
-    log = open(directory / f".serve-{port}.log", "w")
+        [*common.TITEN, "keys", "create", "--org", common.ORG, "--principal", "bench", "--scopes",
+         "context:compile", "--json", "--data-dir", str(directory)],
+        check=True, capture_output=True, text=True).stdout)
     load_before = os.getloadavg()
-    server = subprocess.Popen([TITEN, "serve", "--port", str(port), "--data-dir", str(directory)],
-                              stdout=log, stderr=subprocess.STDOUT, cwd=corpus.ROOT)
-    try:
-        startup_s = wait_ready(port, server)
-        progress(f"http n={n}: server pid {server.pid} ready on :{port} after {startup_s:.1f}s")
+    t_start = time.monotonic()
+    with common.Served(directory, start_timeout=600) as served:
+        served.wait_ready()
+        startup_s = time.monotonic() - t_start
+        progress(f"http n={n}: server pid {served.pid} ready on :{served.port} after {startup_s:.1f}s")
         headers = {"authorization": f"Bearer {key['api_key']}", "content-type": "application/json"}
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        subject, max_tokens = workload["subject_id"], workload["max_tokens"]
+        conn = served.connection()
 
-        def compile_one(task: str) -> tuple[float, dict]:
-            body = json.dumps({"subject_id": subject, "task": task, "max_tokens": max_tokens})
+        def compile_one(body: str) -> tuple[float, dict]:
             t0 = time.perf_counter()
-            conn.request("POST", "/v1/context/compile", body, headers)
+            conn.request("POST", COMPILE, body, headers)
             resp = conn.getresponse()
             raw = resp.read()
             wall = time.perf_counter() - t0
@@ -117,25 +89,17 @@ def run_size(n: int, workload: dict, *, progress=corpus._log) -> dict:
                 raise SystemExit("the server closed the keep-alive connection")
             return wall, json.loads(raw)
 
-        for task in workload["warmup_tasks"]:
-            compile_one(task)
+        for body in compile_bodies(workload, workload["warmup_tasks"]):
+            compile_one(body)
         walls, items, candidates = [], [], []
-        for task in workload["tasks"]:
-            wall, doc = compile_one(task)
+        for body in compile_bodies(workload, workload["tasks"]):
+            wall, doc = compile_one(body)
             walls.append(wall)
             items.append(len(doc["data"]["items"]))
             candidates.append(doc["meta"]["candidates"])
-        conn.close()
-        memory = proc_status(server.pid)
+        memory = common.rss_mib(served.pid)
         generation = doc["meta"].get("generation")
-    finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
+        conn.close()
     load_after = os.getloadavg()
     # the server's snapshot copies in the cache: it never deletes them on exit
     if cache.exists():
@@ -145,10 +109,10 @@ def run_size(n: int, workload: dict, *, progress=corpus._log) -> dict:
                 path.unlink()
     progress(f"http n={n}: bare FTS5 candidate queries (server stopped)")
     fts, step = bare_queries(directory, key["api_key"], workload)
-    compile_summary = summary_ms(walls)
-    fts_summary = summary_ms(fts)
+    compile_summary = common.summary_ms(walls)
+    fts_summary = common.summary_ms(fts)
     return {
-        "claims": n, "measured_at": corpus._now(),
+        "claims": n, "measured_at": common.now(),
         "build": {k: build.get(k) for k in ("via", "cached", "import_s", "rebuild_s", "snapshot_bytes",
                                              "claim_count", "generation", "data_dir")},
         "server_startup_s": round(startup_s, 2),
@@ -157,10 +121,10 @@ def run_size(n: int, workload: dict, *, progress=corpus._log) -> dict:
                          "min_candidates": min(candidates), "generation": generation},
         "server_memory_mib": {"peak_rss": memory.get("VmHWM"), "rss_at_end": memory.get("VmRSS")},
         "fts_candidates": fts_summary,
-        "candidate_step": summary_ms(step),
+        "candidate_step": common.summary_ms(step),
         "ratio_p95_http_to_fts": round(compile_summary["p95_ms"] / fts_summary["p95_ms"], 2),
         "loadavg": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after]},
-        "reference_ts_http": REFERENCE.get(n),
+        "reference_ts_http": common.REFERENCE.get(n),
         "target_p95_ms": TARGET_P95_MS.get(n),
     }
 
@@ -168,20 +132,20 @@ def run_size(n: int, workload: dict, *, progress=corpus._log) -> dict:
 def bare_queries(directory: Path, api_key: str, workload: dict) -> tuple[list[float], list[float]]:
     """The 200 tasks through fts_candidates and lexical_candidates, on the
     published snapshot file itself (opened read-only, immutable)."""
+    from core.compile.planning import plan_query
+    from core.compile.retrieval import CompileScope, fts_candidates, lexical_candidates
     from core.instants import canonical, now_utc
     from core.keys import KeyRing
-    from core.compile.planning import plan_query
     from core.snapshot.pointer import read_pointer
-    from core.compile.retrieval import CompileScope, fts_candidates, lexical_candidates
     from core.snapshot.reader import Snapshot, open_readonly
     from core.storage.local import LocalStore
 
     store = LocalStore(str(directory))
-    pointer, _ = read_pointer(store, corpus.ORG)
+    pointer, _ = read_pointer(store, common.ORG)
     path = store._path(pointer["snapshot_key"])
     db = open_readonly(path)
     try:
-        snapshot = Snapshot(corpus.ORG, pointer["generation"], pointer, path, db, "")
+        snapshot = Snapshot(common.ORG, pointer["generation"], pointer, path, db, "")
         principal = KeyRing(store).authenticate("Bearer " + api_key)
         scope = CompileScope(principal, workload["subject_id"], None, canonical(now_utc()))
         where, params = scope.where()
@@ -224,7 +188,7 @@ def print_tables(results: list[dict]) -> None:
                      f"{ref['p95_ms'] / c['p95_ms']:.1f}x" if ref else "-",
                      (f"<={target:g} " + ("MET" if c["p95_ms"] <= target else "MISSED")) if target else "-",
                      "{:.1f}->{:.1f}".format(r["loadavg"]["before"][0], r["loadavg"]["after"][0])))
-    corpus.print_table(head, rows)
+    common.print_table(head, rows)
     for r in results:
         if r["claims"] >= 50000:
             ok = r["ratio_p95_http_to_fts"] <= TARGET_RATIO
@@ -238,41 +202,28 @@ def print_tables(results: list[dict]) -> None:
           "x ref = ref p95 / our p95\n")
 
 
-def write_results(results: list[dict], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        existing = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        existing = {}
-    by_size = {r["claims"]: r for r in existing.get("results", [])}
-    for r in results:
-        by_size[r["claims"]] = r
-    doc = {"bench": "compile-http", "updated_at": corpus._now(), "python": platform.python_version(),
-           "cpus": os.cpu_count(), "targets": {"p95_ms": TARGET_P95_MS, "ratio_at_50k_and_up": TARGET_RATIO,
-                                               "peak_rss_mib_at_50k": TARGET_RSS_MIB},
-           "results": [by_size[k] for k in sorted(by_size)]}
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-
-
 def default_sizes() -> list[int]:
-    built = [n for n in OPTIONAL_SIZES if (corpus.store_dir(n) / corpus.BUILD_RECORD).exists()]
+    built = [n for n in OPTIONAL_SIZES if (common.store_dir(n) / common.BUILD_RECORD).exists()]
     return [*DEFAULT_SIZES, *built]
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.compile_http", description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default=None,
                         help="comma list (default 1000,10000,50000 plus 100000/342000 when built)")
     parser.add_argument("--out", default=str(RESULTS_FILE))
     args = parser.parse_args(argv)
-    sizes = corpus._sizes(args.sizes) if args.sizes else default_sizes()
-    workload = corpus.load_workload()
+    sizes = common.parse_sizes(args.sizes) if args.sizes else default_sizes()
+    workload = common.load_workload()
     start = os.getloadavg()
     results = [run_size(n, workload) for n in sizes]
     print_tables(results)
     print(f"load average (1/5/15 min) before {tuple(round(x, 2) for x in start)}, "
           f"after {tuple(round(x, 2) for x in os.getloadavg())}")
-    write_results(results, Path(args.out))
+    common.write_results(Path(args.out), "compile-http", results, python=platform.python_version(),
+                         cpus=os.cpu_count(),
+                         targets={"p95_ms": TARGET_P95_MS, "ratio_at_50k_and_up": TARGET_RATIO,
+                                  "peak_rss_mib_at_50k": TARGET_RSS_MIB})
     print(f"wrote {args.out}")
     return 0
 

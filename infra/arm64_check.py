@@ -104,7 +104,7 @@ def _bench_claims(db: apsw.Connection, n: int) -> None:
     """n claims of the bench's reference corpus (a Zipf vocabulary of
     thousands of words: many distinct document frequencies, so many distinct
     log() inputs), spread over the test corpus's subjects and projects."""
-    from bench.corpus import generate
+    from bench.common import generate
     with db:
         for i, claim in enumerate(generate(n)):
             db.execute(
@@ -148,7 +148,7 @@ def check_cross(path: str, queries: int) -> bool:
     local.unlink()
     rng = random.Random(CROSS_SEED + 1)
     vocabulary = sorted({w.casefold() for w in WORDS} - FUNCTION_WORDS)
-    from bench.corpus import load_workload
+    from bench.common import load_workload
     tasks = load_workload()["tasks"]
     served = mismatches = 0
     for i in range(queries):
