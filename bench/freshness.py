@@ -254,12 +254,12 @@ def run_size(n: int, args) -> dict:
                                                    AttributeNames=["All"]).get("Messages", [])
                 t_rebuild = time.perf_counter()
                 line_capture = []
-                real_log = rebuild._log
-                rebuild._log = line_capture.append
+                real_emit = rebuild.runner.emit  # the rebuild function's log lines
+                rebuild.runner.emit = line_capture.append
                 try:
                     response = rebuild.handler(_sqs_event(messages), None)
                 finally:
-                    rebuild._log = real_log
+                    rebuild.runner.emit = real_emit
                 assert response["batchItemFailures"] == [], response
                 for m in messages:
                     sqs.delete_message(QueueUrl=queue, ReceiptHandle=m["ReceiptHandle"])
