@@ -611,6 +611,62 @@ class Served:
             conn.close()
 
 
+# -- client processes ---------------------------------------------------------------------
+
+def _client_entry(index: int, target, args: tuple, barrier, results) -> None:
+    try:
+        results.put((index, True, target(*args, barrier)))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
+        import traceback
+        results.put((index, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def run_clients(target, per_client: list[tuple], timeout: float = 1800.0) -> list:
+    """``target(*args, barrier)`` in one fresh process per ``args`` tuple of
+    ``per_client``; returns their return values, in order.
+
+    Load generators use processes, not threads: a client thread holds the
+    GIL while it encodes a body and parses an answer, so threads in one
+    interpreter queue behind each other and the client, not the server,
+    bounds throughput and inflates latency. Processes are spawned (nothing
+    inherited but the arguments; ``target`` must be a module-level function);
+    ``barrier`` (one party per client) lets each wait until all have started
+    before opening its connection (``titen serve`` closes an idle keep-alive
+    connection after 5 s). ``time.monotonic`` is CLOCK_MONOTONIC, comparable
+    across processes."""
+    import multiprocessing
+    import queue
+
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(len(per_client)), ctx.Queue()
+    procs = [ctx.Process(target=_client_entry, args=(i, target, args, barrier, results), daemon=True)
+             for i, args in enumerate(per_client)]
+    for p in procs:
+        p.start()
+    out: dict[int, object] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < len(procs):  # read before join: a full pipe would block a child
+            try:
+                index, ok, value = results.get(timeout=1.0)
+            except queue.Empty:
+                dead = [i for i, p in enumerate(procs) if i not in out and p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"client process {dead[0]} died with exit code {procs[dead[0]].exitcode}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"client processes did not finish within {timeout:.0f} s")
+                continue
+            if not ok:
+                raise RuntimeError(f"client process {index} failed: {value}")
+            out[index] = value
+    finally:
+        for p in procs:
+            if p.is_alive() and len(out) < len(procs):
+                p.terminate()
+            p.join(10)
+    return [out[i] for i in range(len(procs))]
+
+
 # -- command line -----------------------------------------------------------------
 
 def main(argv=None) -> int:
