@@ -1,6 +1,6 @@
 """Cold path of the Lambda API: from `import handler.api` to the first answered compile.
 
-    .venv/bin/python bench/cold_path.py [--claims 50000] [--runs 3]
+    .venv/bin/python -m bench.cold_path [--claims 50000] [--runs 3]
 
 Two fresh interpreters, because one cannot measure both honestly:
 
@@ -10,8 +10,9 @@ Two fresh interpreters, because one cannot measure both honestly:
 2. **first invocation** -- a second fresh interpreter starts moto (mock_aws, in
    process, with the same lock tests/conftest.py uses), builds an organization
    of `--claims` claims in the mocked bucket exactly as `titen import` +
-   the RebuildFunction would (core.writes.importer.import_file from the reference
-   corpus, then SnapshotBuilder.rebuild), creates a key, then imports
+   the RebuildFunction would (core.writes.importer.import_file from the
+   reference corpus, ``bench.common.generate``, then
+   core.snapshot.build.SnapshotBuilder.rebuild), creates a key, then imports
    handler.api and sends it infra/events/compile.json (task and subject from
    the reference workload) through `handler.api.handler`: the first request of
    a new execution environment, with an empty /tmp cache. The store and the
@@ -27,10 +28,10 @@ written to bench/results/cold_path.json.
 ``--store local`` measures the same path on the embedded LOCAL store instead
 (``titen serve``'s store; no moto, no boto3, no mangum):
 
-    .venv/bin/python bench/cold_path.py --store local --claims 50000,342000
+    .venv/bin/python -m bench.cold_path --store local --claims 50000,342000
 
 For each size the organization is built or reused under ``bench/.data/n<n>``
-(``bench/corpus.py``; the CLI-built stores of ``bench/load.py`` are reused),
+(``bench.common.build_org``; the CLI-built stores of ``bench.load`` are reused),
 a ``context:compile`` key is created, and then ``--runs`` fresh interpreters
 (``-X importtime`` off, a NEW empty ``TITEN_CACHE_DIR`` each) each do, timed
 from their first line: import ``core.api.app`` and ``core.service`` (starlette,
@@ -43,13 +44,16 @@ printed; the store's files are usually in the OS page cache (a machine that
 just built them), so the copy is a memory-speed copy, not a cold disk read.
 Target (issue): at 50k, import → first answered compile <= 1 s. Results are
 written to bench/results/cold_path_local.json.
+
+``bench.common`` is imported only where it is used, never at the top: the
+children are this module run again (``-m bench.cold_path --child``), and
+what they import before their first timed line would go unmeasured.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
-import gzip
 import json
 import os
 import platform
@@ -61,12 +65,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-REFERENCE_DIR = Path(os.environ.get("TITEN_BENCH_REFERENCE_DIR") or "/work/shared/bench/reference-workload")
-WORKLOAD = REFERENCE_DIR / "workload-seed20260817.json"
 RESULTS = ROOT / "bench" / "results" / "cold_path.json"
 BUCKET = "titen-cold-path"
 ORG = "bench"
-CORPUS_SIZES = (1000, 10000, 50000)
 
 BASE_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1",
@@ -78,31 +79,7 @@ def child_env(cache_dir: str) -> dict:
            if not k.startswith(("AWS_", "TITEN_")) and k not in ("PYTHONPATH",)}
     env.update(BASE_ENV)
     env["TITEN_CACHE_DIR"] = cache_dir
-    env["PYTHONPATH"] = str(ROOT)
     return env
-
-
-# -- the corpus ---------------------------------------------------------------------
-
-def observation_lines(n: int, path: Path, subject_id: str) -> None:
-    """The first n corpus claims as POST /v1/observations bodies (NDJSON)."""
-    source = next((REFERENCE_DIR / f"corpus-seed20260817-n{size}.jsonl.gz"
-                   for size in CORPUS_SIZES if size >= n), None)
-    if source is None:
-        raise SystemExit(f"--claims {n}: the reference corpora hold at most {CORPUS_SIZES[-1]} claims")
-    written = 0
-    with gzip.open(source, "rt", encoding="utf-8") as src, open(path, "w", encoding="utf-8") as out:
-        for line in src:
-            if written == n:
-                break
-            c = json.loads(line)
-            out.write(json.dumps({
-                "subject_id": subject_id, "kind": "user_statement", "content": c["statement"],
-                "trust": "asserted", "visibility": "organization",
-                "source": {"type": "tool", "ref": f"bench#{c['i']}"},
-                "claim": {"statement": c["statement"], "kind": c["kind"], "confidence": c["confidence"]},
-            }) + "\n")
-            written += 1
 
 
 # -- child 1: imports ------------------------------------------------------------------
@@ -152,7 +129,9 @@ def first_invocation(args) -> dict:
             return unlocked(self, *a, **kw)
 
     BotocoreStubber.process_request = process_request
-    workload = json.loads(WORKLOAD.read_text())
+    from bench import common
+
+    workload = common.load_workload()
     report: dict = {"claims": args.claims}
     with mock_aws(), tempfile.TemporaryDirectory() as work:
         boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
@@ -165,7 +144,7 @@ def first_invocation(args) -> dict:
         store = open_store(os.environ["TITEN_STORE"])
         ndjson = Path(work) / "observations.ndjson"
         t = time.perf_counter()
-        observation_lines(args.claims, ndjson, workload["subject_id"])
+        common.write_observations(ndjson, args.claims, subject_id=workload["subject_id"])
         importer = Principal(ORG, "importer", "cli", frozenset({"admin", "memory:write"}), ())
         imported = import_file(store, importer, str(ndjson))
         report["import_seconds"] = round(time.perf_counter() - t, 2)
@@ -244,7 +223,7 @@ def local_child(args) -> dict:
     """A fresh interpreter: imports → Service → one compile through the ASGI app."""
     t_start = time.perf_counter()
     marks: dict[str, float] = {}
-    import core.http  # noqa: F401  (starlette, apsw, core.*)
+    import core.api.app  # noqa: F401  (starlette, apsw, core.*)
     import core.service  # noqa: F401
     marks["imports"] = (time.perf_counter() - t_start) * 1000
     import asyncio
@@ -282,7 +261,7 @@ def local_child(args) -> dict:
     s.put_if_absent = timed("record_context_run", s.put_if_absent)
     snapshot_module.file_sha256 = timed("sha256", snapshot_module.file_sha256)
     snapshot_module.open_readonly = timed("open", snapshot_module.open_readonly)
-    workload = json.loads(WORKLOAD.read_text())
+    workload = json.loads(Path(args.workload).read_text())
 
     def call(task: str) -> tuple[int, dict]:
         body = json.dumps({"subject_id": workload["subject_id"], "task": task,
@@ -344,28 +323,29 @@ LOCAL_PHASES = (
 
 
 def local_main(args) -> int:
-    sys.path.insert(0, str(ROOT))
-    from bench import corpus
+    from bench import common
     from core.config import Settings
     from core.keys import KeyRing
     from core.storage import open_store
 
-    sizes = [int(x.replace("k", "000")) for x in str(args.claims).split(",") if x]
+    sizes = common.parse_sizes(str(args.claims))
     results = []
     for n in sizes:
-        build = corpus.build_org(None, n)
+        build = common.build_org(None, n)
         data_dir = build["data_dir"]
         store = open_store(Settings.from_env(data_dir=data_dir).store_url)
-        api_key = KeyRing(store).create(corpus.ORG, "cold-path", ["context:compile"], [])["api_key"]
+        api_key = KeyRing(store).create(common.ORG, "cold-path", ["context:compile"], [])["api_key"]
         runs = []
         for _ in range(args.runs):
             with tempfile.TemporaryDirectory() as cache:
                 env = {k: v for k, v in os.environ.items() if not k.startswith("TITEN_")}
-                env.update({"TITEN_CACHE_DIR": cache, "PYTHONPATH": str(ROOT)})
+                env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+                env["TITEN_CACHE_DIR"] = cache
                 t = time.perf_counter()
-                proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--store", "local",
+                proc = subprocess.run([sys.executable, "-m", "bench.cold_path", "--store", "local",
                                        "--child", "--claims", str(n), "--data-dir", data_dir,
-                                       "--api-key", api_key], env=env, cwd=ROOT, capture_output=True, text=True)
+                                       "--api-key", api_key, "--workload", str(common.WORKLOAD_PATH)],
+                                      env=env, cwd=ROOT, capture_output=True, text=True)
                 wall = (time.perf_counter() - t) * 1000
             if proc.returncode:
                 sys.stderr.write(proc.stderr)
@@ -413,12 +393,13 @@ def local_main(args) -> int:
 # -- orchestration -------------------------------------------------------------------------
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.cold_path", description=__doc__.split("\n")[0])
     parser.add_argument("--store", choices=("s3", "local"), default="s3",
                         help="s3: moto (default); local: the embedded store under bench/.data")
     parser.add_argument("--claims", default="50000", help="with --store local: a comma list (50000,342000)")
     parser.add_argument("--data-dir", help=argparse.SUPPRESS)
     parser.add_argument("--api-key", help=argparse.SUPPRESS)
+    parser.add_argument("--workload", help=argparse.SUPPRESS)
     parser.add_argument("--runs", type=int, default=3, help="fresh-interpreter import measurements")
     parser.add_argument("--s3-mbps", type=float, default=80.0, help="S3 GetObject throughput for the estimate")
     parser.add_argument("--out", default=str(RESULTS))
@@ -440,7 +421,7 @@ def main(argv=None) -> int:
     print(f"imports measured ({args.runs} fresh interpreters); building {args.claims:,} claims in moto ...",
           file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory() as cache:
-        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child",
+        proc = subprocess.run([sys.executable, "-m", "bench.cold_path", "--child",
                                "--claims", str(args.claims)],
                               env=child_env(cache), cwd=ROOT, capture_output=True, text=True)
     if proc.returncode:

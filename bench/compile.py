@@ -1,14 +1,14 @@
 """In-process compile latency on the reference workload.
 
 For each corpus size: build (or reuse) ``bench/.data/n<n>`` (see
-``bench/corpus.py``), open a ``Service`` on it, create a ``context:compile``
+``bench/common.py``), open a ``Service`` on it, create a ``context:compile``
 key, run the workload's 20 warm-up tasks and then its 200 measured tasks
 through ``service.compiler.compile`` (no HTTP), and report nearest-rank
 p50/p95/p99 of the wall time per call (``time.perf_counter``), mean items,
 mean candidates, and the mean of each stage in ``outcome.timings``. Then the
-same 200 tasks run through ``core.retrieval.fts_candidates`` alone (same
+same 200 tasks run through ``core.compile.retrieval.fts_candidates`` alone (same
 scope, same MATCH expression): the bare FTS5 candidate query, for the
-compile/FTS overhead ratio; and through ``core.retrieval.lexical_candidates``,
+compile/FTS overhead ratio; and through ``core.compile.retrieval.lexical_candidates``,
 the candidate step compile runs (``step``), checked to return the same rows.
 ``fts-only`` is the MATCH with no join to ``claims`` and no scope predicates,
 for scale.
@@ -16,7 +16,7 @@ for scale.
 Every compile appends a context run to the ledger (the ``record`` stage), as
 in production: each run adds 220 small files under the store's ledger.
 
-    .venv/bin/python bench/compile.py --sizes 10000,50000
+    .venv/bin/python -m bench.compile --sizes 10000,50000
 
 Results are printed and merged (by size) into
 ``bench/results/compile-inprocess.json``.
@@ -25,71 +25,39 @@ Results are printed and merged (by size) into
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
-import platform
-import resource
 import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench import corpus  # noqa: E402
+from bench import common
 
 STAGES = ("plan", "candidates", "hydrate", "rank", "pack", "record")
-RESULTS_FILE = corpus.RESULTS_DIR / "compile-inprocess.json"
-
-# The TypeScript reference server (titen 0.8.7, Bun + SQLite FTS5), over HTTP
-# on loopback, concurrency 1, same workload (shared bench README).
-REFERENCE = {
-    1000: {"p50_ms": 8.6, "p95_ms": 13.0, "p99_ms": 17.6, "mean_items": 5.1, "mean_candidates": 197},
-    10000: {"p50_ms": 41.3, "p95_ms": 62.6, "p99_ms": 66.8, "mean_items": 5.3, "mean_candidates": 200},
-    50000: {"p50_ms": 217.8, "p95_ms": 255.2, "p99_ms": 303.1, "mean_items": 5.3, "mean_candidates": 200},
-}
+RESULTS_FILE = common.RESULTS_DIR / "compile-inprocess.json"
 
 
-def percentile(values: list[float], p: float) -> float:
-    """Nearest rank: the smallest value with at least p% of values at or below it."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(p / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
-def summary_ms(seconds: list[float]) -> dict:
-    ms = [s * 1000 for s in seconds]
-    return {"p50_ms": round(percentile(ms, 50), 3), "p95_ms": round(percentile(ms, 95), 3),
-            "p99_ms": round(percentile(ms, 99), 3), "mean_ms": round(statistics.fmean(ms), 3),
-            "max_ms": round(max(ms), 3), "n": len(ms)}
-
-
-def peak_rss_mib() -> float:
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
-
-
-def run_size(n: int, workload: dict, *, progress=corpus._log) -> dict:
+def run_size(n: int, workload: dict, *, progress=common.log) -> dict:
     from core.config import Settings
     from core.instants import canonical, now_utc
     from core.compile.planning import plan_query
     from core.compile.retrieval import MAX_CANDIDATES, CompileScope, fts_candidates, lexical_candidates
     from core.service import Service
 
-    build = corpus.build_org(None, n, progress=progress)
+    build = common.build_org(None, n, progress=progress)
     load_before = os.getloadavg()
     service = Service(Settings.from_env(data_dir=build["data_dir"]))
-    created = service.keys.create(corpus.ORG, "bench", ["context:compile"], [])
+    created = service.keys.create(common.ORG, "bench", ["context:compile"], [])
     principal = service.keys.authenticate("Bearer " + created["api_key"])
     subject, max_tokens = workload["subject_id"], workload["max_tokens"]
 
     t0 = time.perf_counter()
-    snapshot = service.reader.current(corpus.ORG)
+    snapshot = service.reader.current(common.ORG)
     load_s = time.perf_counter() - t0
     if snapshot is None or snapshot.claim_count != n:
         raise SystemExit(f"n={n}: the store at {build['data_dir']} serves "
                          f"{snapshot.claim_count if snapshot else 'no'} claims; rebuild with "
-                         f"`python bench/corpus.py build --sizes {n} --force`")
+                         f"`python -m bench.common build --sizes {n} --force`")
     try:
         def compile_one(task: str):
             return service.compiler.compile(principal, {"subject_id": subject, "task": task,
@@ -151,8 +119,8 @@ def run_size(n: int, workload: dict, *, progress=corpus._log) -> dict:
         except FileNotFoundError:
             pass
 
-    compile_summary = summary_ms(walls)
-    fts_summary = summary_ms(fts)
+    compile_summary = common.summary_ms(walls)
+    fts_summary = common.summary_ms(fts)
     return {
         "claims": n,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -167,17 +135,17 @@ def run_size(n: int, workload: dict, *, progress=corpus._log) -> dict:
                     "min_candidates": min(candidates)},
         "stages_mean_ms": {**{s: round(statistics.fmean(v) * 1000, 3) for s, v in stages.items()},
                            "other": round(statistics.fmean(other) * 1000, 3)},
-        "stages_p95_ms": {s: round(percentile(v, 95) * 1000, 3) for s, v in stages.items()},
+        "stages_p95_ms": {s: round(common.percentile(v, 95) * 1000, 3) for s, v in stages.items()},
         "fts_candidates": {**fts_summary, "mean_rows": round(statistics.fmean(fts_rows), 2)},
-        "fts_only": summary_ms(fts_only),
-        "candidate_step": summary_ms(step),
+        "fts_only": common.summary_ms(fts_only),
+        "candidate_step": common.summary_ms(step),
         "overhead_ratio": {"p50": round(compile_summary["p50_ms"] / fts_summary["p50_ms"], 2),
                            "p95": round(compile_summary["p95_ms"] / fts_summary["p95_ms"], 2)},
-        "peak_rss_mib_process": peak_rss_mib(),
+        "peak_rss_mib_process": common.peak_rss_mib(),
         # other work on the machine skews these figures: the 1-minute load average
         # before and after this size's runs (2 CPUs idle ≈ 0)
         "loadavg_1m": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
-        "reference_ts_http": REFERENCE.get(n),
+        "reference_ts_http": common.REFERENCE.get(n),
     }
 
 
@@ -199,7 +167,7 @@ def print_tables(results: list[dict], env: dict) -> None:
                      f"{c['mean_candidates']:.0f}", f"{f['p50_ms']:.1f}", f"{f['p95_ms']:.1f}",
                      f"{r['candidate_step']['p95_ms']:.1f}", f"{r['overhead_ratio']['p95']:.2f}x",
                      f"{ref['p50_ms']}/{ref['p95_ms']}/{ref['p99_ms']}" if ref else "-"))
-    corpus.print_table(head, rows)
+    common.print_table(head, rows)
     if any(r["build"]["import_reused"] or r["build"]["rebuild_reused"] for r in results):
         print("* reused from an earlier run (bench/.data): the figure is that run's")
     if any(r["build"].get("rebuild_from_scratch") for r in results):
@@ -214,41 +182,8 @@ def print_tables(results: list[dict], env: dict) -> None:
                      f"{r['fts_only']['p50_ms']:.1f}/{r['fts_only']['p95_ms']:.1f}",
                      f"{r['peak_rss_mib_process']:.0f}",
                      "{:.1f}->{:.1f}".format(*r["loadavg_1m"])))
-    corpus.print_table(head, rows)
+    common.print_table(head, rows)
     print()
-
-
-def environment(workload: dict) -> dict:
-    import apsw
-
-    import hashlib
-
-    import core
-    from core import tokens
-    core_dir = Path(core.__file__).parent
-    h = hashlib.sha256()
-    for source in sorted(core_dir.glob("*.py")):
-        h.update(source.name.encode() + b"\0" + source.read_bytes())
-    return {"core_fingerprint": h.hexdigest()[:16], "python": platform.python_version(), "sqlite": apsw.sqlite_lib_version(),
-            "apsw": apsw.apsw_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
-            "workload_seed": workload["seed"], "max_tokens": workload["max_tokens"],
-            "tasks": len(workload["tasks"]), "warmup_tasks": len(workload["warmup_tasks"]),
-            "tokenizer": tokens.TOKENIZER_ID}
-
-
-def write_results(results: list[dict], env: dict, path: Path = RESULTS_FILE) -> None:
-    """Merge by size, so sizes can be run separately."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        existing = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        existing = {}
-    by_size = {r["claims"]: r for r in existing.get("results", [])}
-    for r in results:
-        by_size[r["claims"]] = {**r, "environment": env}
-    doc = {"bench": "compile-inprocess", "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "results": [by_size[k] for k in sorted(by_size)]}
-    path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def main(argv=None) -> int:
@@ -256,12 +191,12 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default="10000,50000", help="comma list of corpus sizes (1000, 10000, 50000, …)")
     parser.add_argument("--out", default=str(RESULTS_FILE))
     args = parser.parse_args(argv)
-    sizes = corpus._sizes(args.sizes)
-    workload = corpus.load_workload()
-    env = environment(workload)
+    sizes = common.parse_sizes(args.sizes)
+    workload = common.load_workload()
+    env = common.environment(workload)
     results = [run_size(n, workload) for n in sizes]
     print_tables(results, env)
-    write_results(results, env, Path(args.out))
+    common.write_results(Path(args.out), "compile-inprocess", [{**r, "environment": env} for r in results])
     print(f"wrote {args.out}")
     return 0
 

@@ -7,7 +7,7 @@ Every step goes through the Lambda entry points, as deployed:
     ─► the API's next pointer check (TTL phase) ─► download + sha256 ─► handler.api (compile event)
 
 The organization holds the reference corpus of ``--claims`` claims
-(``bench/corpus.py build``), copied afresh for each size. Each sample writes
+(``bench.common.build_org``), copied afresh for each size. Each sample writes
 one observation whose claim carries a unique marker word, then measures until
 a compile for that word returns it. Components:
 
@@ -39,12 +39,12 @@ further. A ledger listing pays one latency per 1000 keys. SQS is moto,
 in-process, plus ``--sqs-latency-ms`` per call (default 10 ms); the event
 source mapping's polling is modelled as immediate (it long-polls).
 
-    .venv/bin/python bench/freshness.py --sizes 10000,50000 --samples 20
+    .venv/bin/python -m bench.freshness --sizes 10000,50000 --samples 20
 
-Prints p50/p95/p99 per component and in total, and the snapshot size; the
-machine it runs on is shared and loaded (2 cores), so the CPU-bound parts
-(rebuild, verify, compile) are noisy and slower than on a Lambda with its
-own vCPU.
+Prints p50/p95/p99 (nearest rank, ``bench.common.percentile``) per
+component and in total, and the snapshot size; the machine it runs on is
+shared and loaded (2 cores), so the CPU-bound parts (rebuild, verify,
+compile) are noisy and slower than on a Lambda with its own vCPU.
 """
 
 from __future__ import annotations
@@ -62,14 +62,10 @@ import tempfile
 import time
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent
-if str(BENCH_DIR.parent) not in sys.path:
-    sys.path.insert(0, str(BENCH_DIR.parent))
+from bench.common import ORG, RESULTS_DIR, ROOT, build_org, load_workload, parse_sizes, percentile, print_table
+from core.storage.local import LocalStore
 
-from bench.corpus import ORG, build_org, print_table  # noqa: E402
-from core.storage.local import LocalStore  # noqa: E402
-
-EVENTS = BENCH_DIR.parent / "infra" / "events"
+EVENTS = ROOT / "infra" / "events"
 
 
 class ModelledS3(LocalStore):
@@ -165,11 +161,6 @@ def _sqs_event(messages: list[dict]) -> dict:
                         for m in messages]}
 
 
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered) + 0.5) - 1))]
-
-
 def run_size(n: int, args) -> dict:
     import boto3
     from moto import mock_aws
@@ -210,7 +201,7 @@ def run_size(n: int, args) -> dict:
             from core.keys import KeyRing
 
             key = KeyRing(api_store).create(ORG, "bench-agent", ["context:compile", "memory:write"], [])["api_key"]
-            subject = json.loads((BENCH_DIR / "reference" / "workload-seed20260817.json").read_text())["subject_id"]
+            subject = load_workload()["subject_id"]
 
             loads: list[float] = []
             real_load = api.service.reader._load
@@ -263,12 +254,12 @@ def run_size(n: int, args) -> dict:
                                                    AttributeNames=["All"]).get("Messages", [])
                 t_rebuild = time.perf_counter()
                 line_capture = []
-                real_log = rebuild._log
-                rebuild._log = line_capture.append
+                real_emit = rebuild.runner.emit  # the rebuild function's log lines
+                rebuild.runner.emit = line_capture.append
                 try:
                     response = rebuild.handler(_sqs_event(messages), None)
                 finally:
-                    rebuild._log = real_log
+                    rebuild.runner.emit = real_emit
                 assert response["batchItemFailures"] == [], response
                 for m in messages:
                     sqs.delete_message(QueueUrl=queue, ReceiptHandle=m["ReceiptHandle"])
@@ -305,7 +296,7 @@ COMPONENTS = ("enqueue", "queue", "rebuild", "upload", "ttl", "reader", "compile
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.freshness", description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="10000,50000")
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=2)
@@ -318,18 +309,19 @@ def main(argv=None) -> int:
           f"SQS +{args.sqs_latency_ms:g} ms per call; TTL {args.ttl:g} s; "
           f"{args.samples} samples after {args.warmup} warm-up (seconds; 'total' = write 201 -> compile returns it)")
     results = []
-    for n in [int(s.replace("k", "000")) for s in args.sizes.split(",") if s]:
+    for n in parse_sizes(args.sizes):
         result = run_size(n, args)
         results.append(result)
         rows = []
         for c in COMPONENTS:
             values = [s[c] for s in result["samples"]]
-            rows.append((c, f"{statistics.median(values):.3f}", f"{pct(values, 95):.3f}", f"{pct(values, 99):.3f}"))
+            rows.append((c, f"{statistics.median(values):.3f}", f"{percentile(values, 95):.3f}",
+                         f"{percentile(values, 99):.3f}"))
         print(f"\nclaims {n}: snapshot {result['snapshot_bytes'] / 1e6:.1f} MB; write (201) p50 "
               f"{statistics.median(s['write'] for s in result['samples']) * 1000:.0f} ms")
         print_table(("component", "p50", "p95", "p99"), rows)
-    os.makedirs(BENCH_DIR / "results", exist_ok=True)
-    (BENCH_DIR / "results" / "freshness.json").write_text(json.dumps(
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    (RESULTS_DIR / "freshness.json").write_text(json.dumps(
         {"args": vars(args), "results": results}, indent=1))
     return 0
 

@@ -1,7 +1,7 @@
 """An import killed with SIGKILL, re-run and rebuilt, stores every line once.
 
-    .venv/bin/python bench/import_kill.py                  # 20,000 lines, 10 kill points
-    .venv/bin/python bench/import_kill.py --lines 5000 --points 4
+    .venv/bin/python -m bench.import_kill                  # 20,000 lines, 10 kill points
+    .venv/bin/python -m bench.import_kill --lines 5000 --points 4
 
 The full-size version of tests/test_import.py, through the real command.
 For each of ``--points`` kill points k (spread over the file's 100-line
@@ -34,9 +34,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-TITEN = str(ROOT / ".venv" / "bin" / "titen")
-DATA = ROOT / "bench" / ".data" / "import-kill"
+from bench.common import DATA_DIR, ROOT, TITEN
+
+DATA = DATA_DIR / "import-kill"
 
 
 def write_file(path: Path, n: int) -> None:
@@ -51,7 +51,7 @@ def write_file(path: Path, n: int) -> None:
 
 def titen(*args: str) -> tuple[float, list[dict]]:
     t0 = time.perf_counter()
-    proc = subprocess.run([TITEN, *args], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run([*TITEN, *args], cwd=ROOT, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"titen {' '.join(args)} failed:\n{proc.stderr[-2000:]}")
     return time.perf_counter() - t0, [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
@@ -64,7 +64,7 @@ def count(directory: Path) -> int:
 def killed_import(src: Path, data: Path, markers_at_kill: int, batch_size: int) -> tuple[int, float]:
     markers = data / "orgs" / "bench" / "imports"
     t0 = time.perf_counter()
-    proc = subprocess.Popen([TITEN, "import", str(src), "--org", "bench", "--data-dir", str(data),
+    proc = subprocess.Popen([*TITEN, "import", str(src), "--org", "bench", "--data-dir", str(data),
                              "--batch-size", str(batch_size)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     seen = 0
@@ -81,7 +81,7 @@ def killed_import(src: Path, data: Path, markers_at_kill: int, batch_size: int) 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.import_kill", description=__doc__.split("\n")[0])
     parser.add_argument("--lines", type=int, default=20_000)
     parser.add_argument("--points", type=int, default=10)
     args = parser.parse_args(argv)
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
               f"claims {rebuilt[-1]['claim_count']} ({'ok' if ok else 'FAIL'})")
     data = DATA / "concurrent"
     t0 = time.perf_counter()
-    procs = [subprocess.Popen([TITEN, "import", str(src), "--org", "bench", "--data-dir", str(data),
+    procs = [subprocess.Popen([*TITEN, "import", str(src), "--org", "bench", "--data-dir", str(data),
                                "--batch-size", str(bs)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                               text=True) for bs in (500, 100)]
     outs = [json.loads(p.communicate()[0].splitlines()[-1]) for p in procs]

@@ -1,12 +1,12 @@
 """Liveness while a rebuild runs: ``/healthz`` latency during ``POST
 /v1/admin/rebuild`` of an n-claim organization, against ``titen serve``.
 
-    .venv/bin/python bench/liveness.py              # n = 50000
-    .venv/bin/python bench/liveness.py --claims 5000
+    .venv/bin/python -m bench.liveness              # n = 50000
+    .venv/bin/python -m bench.liveness --claims 5000
 
-The reference corpus (``bench/corpus.py``) is imported into a fresh local store
-*after* the server started (so its start-up rebuild has nothing to do); then one
-thread posts the admin rebuild, which applies all n claims, while this thread
+The reference corpus (``bench.common.import_corpus``) is imported into a
+fresh local store *after* the server started (so its start-up rebuild has
+nothing to do); then one thread posts the admin rebuild, which applies all n claims, while this thread
 sends ``GET /healthz`` every 10 ms on fresh connections until the rebuild
 answers. Each healthz wall time (connect -> last byte) is one sample; printed
 as p50/p95/p99/max with the rebuild's duration. Target: p99 <= 50 ms
@@ -16,54 +16,24 @@ noisy; the numbers are what they are.
 
 from __future__ import annotations
 
-import os
+import argparse
+import json
 import sys
+import tempfile
+import threading
+import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-
-from bench import corpus  # noqa: E402
-from bench.compile import summary_ms  # noqa: E402
-from bench.served import Served  # noqa: E402
+from bench.common import Served, create_key, import_corpus, summary_ms
 
 ORG = "live"
-
-
-def load_claims(data_dir: str, n: int) -> None:
-    from core.config import Settings
-    from core.writes.importer import import_file
-    from core.keys import Principal
-    from core.storage import open_store
-
-    store = open_store(Settings.from_env(data_dir=data_dir).store_url)
-    ndjson = os.path.join(data_dir, "import.ndjson")
-    with open(ndjson, "w") as f:
-        for claim in corpus.generate(n):
-            f.write(json.dumps(corpus.to_observation(claim, "user_bench")) + "\n")
-    principal = Principal(ORG, "importer", "cli", frozenset({"admin", "memory:write", "memory:verify"}), ())
-    import_file(store, principal, ndjson)
-    os.unlink(ndjson)
-
-
-def admin_key(data_dir: str) -> str:
-    from core.config import Settings
-    from core.keys import KeyRing
-    from core.storage import open_store
-
-    store = open_store(Settings.from_env(data_dir=data_dir).store_url)
-    return KeyRing(store).create(ORG, "ops", ["admin", "context:compile"], [])["api_key"]
+SCOPES = ("admin", "context:compile")
 
 
 def measure(n: int, data_dir: str, interval: float = 0.01) -> dict:
     """Healthz samples (seconds) taken while an n-claim admin rebuild runs."""
-    key = admin_key(data_dir)
+    key = create_key(data_dir, ORG, SCOPES, principal="ops")
     with Served(data_dir) as served:
-        load_claims(data_dir, n)
+        import_corpus(data_dir, n, ORG)
         outcome = {}
 
         def rebuild():
@@ -90,7 +60,7 @@ def measure(n: int, data_dir: str, interval: float = 0.01) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.liveness", description=__doc__.split("\n")[0])
     parser.add_argument("--claims", type=int, default=50000)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="titen-liveness-") as data_dir:

@@ -1,11 +1,12 @@
 """Load path: build organizations from the reference workload through the real CLI.
 
-    .venv/bin/python bench/load.py                              # 1000,10000,50000,100000,342000
-    .venv/bin/python bench/load.py --sizes 1000000 --no-incremental
+    .venv/bin/python -m bench.load                              # 1000,10000,50000,100000,342000
+    .venv/bin/python -m bench.load --sizes 1000000 --no-incremental
 
 For each size n: wipe ``bench/.data/n<n>/``, write the first n corpus claims
-as NDJSON observation bodies (``bench/corpus.py``: same rule, same bodies as
-the other benches), then run, as subprocesses, exactly what an operator runs:
+as NDJSON observation bodies (``bench.common.write_observations``: same
+rule, same bodies as the other benches), then run, as subprocesses, exactly
+what an operator runs:
 
     .venv/bin/titen import FILE --org bench --data-dir DIR      (batches of 500)
     .venv/bin/titen rebuild --org bench --data-dir DIR          (from empty: no snapshot yet)
@@ -13,8 +14,8 @@ the other benches), then run, as subprocesses, exactly what an operator runs:
 and report the wall seconds of each command (interpreter start-up included),
 the rebuild's own ``seconds`` (its JSON line), and the snapshot bytes. The
 finished store is left in place with a ``.bench-build.json`` record in the
-format ``bench/corpus.py`` writes, so ``bench/compile.py`` and
-``bench/compile_http.py`` reuse it instead of building again.
+format ``bench.common.build_org`` writes, so ``bench.compile`` and
+``bench.compile_http`` reuse it instead of building again.
 
 Then the incremental rebuild (unless ``--no-incremental``): the 342k
 organization (``--incremental-base``) is hard-link copied (``cp -al``; store
@@ -42,12 +43,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import common
 
-from bench import corpus  # noqa: E402
-
-TITEN = str(corpus.ROOT / ".venv" / "bin" / "titen")
-RESULTS_FILE = corpus.RESULTS_DIR / "load.json"
+RESULTS_FILE = common.RESULTS_DIR / "load.json"
 DEFAULT_SIZES = "1000,10000,50000,100000,342000"
 TARGETS = {"rebuild_50k_s": 30.0, "incremental_100_on_342k_s": 5.0}
 
@@ -55,21 +53,12 @@ TARGETS = {"rebuild_50k_s": 30.0, "incremental_100_on_342k_s": 5.0}
 def _titen(*args: str) -> tuple[float, list[dict], str]:
     """Run the CLI; (wall seconds, JSON lines printed on stdout, stderr tail)."""
     t0 = time.perf_counter()
-    proc = subprocess.run([TITEN, *args], cwd=corpus.ROOT, capture_output=True, text=True)
+    proc = subprocess.run([*common.TITEN, *args], cwd=common.ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode:
         raise SystemExit(f"titen {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     return wall, lines, proc.stderr[-500:]
-
-
-def write_ndjson(path: Path, n: int, start: int = 0) -> float:
-    t0 = time.perf_counter()
-    subject = corpus.load_workload()["subject_id"]
-    with open(path, "w", encoding="utf-8") as f:
-        for claim in corpus.generate(n, start):
-            f.write(json.dumps(corpus.to_observation(claim, subject), separators=(",", ":")) + "\n")
-    return time.perf_counter() - t0
 
 
 def dir_bytes(path: Path) -> int:
@@ -83,10 +72,10 @@ def dir_bytes(path: Path) -> int:
     return total
 
 
-def build_size(n: int, *, reuse: bool, progress=corpus._log) -> dict:
-    directory = corpus.store_dir(n)
-    record_path = directory / corpus.BUILD_RECORD
-    with corpus._build_lock(directory):
+def build_size(n: int, *, reuse: bool, progress=common.log) -> dict:
+    directory = common.store_dir(n)
+    record_path = directory / common.BUILD_RECORD
+    with common.build_lock(directory):
         if reuse and record_path.exists():
             record = json.loads(record_path.read_text())
             if record.get("via") == "titen-cli" and record.get("n") == n:
@@ -97,19 +86,19 @@ def build_size(n: int, *, reuse: bool, progress=corpus._log) -> dict:
             if child.name != ".bench-build.lock":
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
         ndjson = directory / "import.ndjson"
-        write_s = write_ndjson(ndjson, n)
+        write_s = common.write_observations(ndjson, n)
         progress(f"load n={n}: titen import ({ndjson.stat().st_size / 1e6:.1f} MB NDJSON)")
         load_before = os.getloadavg()[0]
-        import_s, out, _ = _titen("import", str(ndjson), "--org", corpus.ORG, "--data-dir", str(directory))
+        import_s, out, _ = _titen("import", str(ndjson), "--org", common.ORG, "--data-dir", str(directory))
         summary = out[-1]
         progress(f"load n={n}: import {import_s:.1f}s; titen rebuild")
-        rebuild_s, out, _ = _titen("rebuild", "--org", corpus.ORG, "--data-dir", str(directory))
+        rebuild_s, out, _ = _titen("rebuild", "--org", common.ORG, "--data-dir", str(directory))
         result = out[-1]
         load_after = os.getloadavg()[0]
         assert result["claim_count"] == n and result["published"], result
         progress(f"load n={n}: rebuild {rebuild_s:.1f}s, snapshot {result['snapshot_bytes'] / 1e6:.1f} MB")
-        record = {"format": corpus.BUILD_FORMAT, "n": n, "org_id": corpus.ORG, "via": "titen-cli",
-                  "built_at": corpus._now(), "snapshot_code": corpus.snapshot_code_fingerprint(),
+        record = {"format": common.BUILD_FORMAT, "n": n, "org_id": common.ORG, "via": "titen-cli",
+                  "built_at": common.now(), "snapshot_code": common.snapshot_code_fingerprint(),
                   "rebuild_from_scratch": False, "write_ndjson_s": round(write_s, 3),
                   "ndjson_bytes": ndjson.stat().st_size,
                   "import_s": round(import_s, 3), "rebuild_s": round(rebuild_s, 3),
@@ -125,24 +114,24 @@ def build_size(n: int, *, reuse: bool, progress=corpus._log) -> dict:
         return {**record, "reused": False}
 
 
-def incremental(base_n: int, entries: int = 100, progress=corpus._log) -> dict:
-    base = corpus.store_dir(base_n)
-    if not (base / corpus.BUILD_RECORD).exists():
+def incremental(base_n: int, entries: int = 100, progress=common.log) -> dict:
+    base = common.store_dir(base_n)
+    if not (base / common.BUILD_RECORD).exists():
         raise SystemExit(f"incremental: no finished build of {base_n} in {base}; run with --sizes {base_n}")
-    copy = corpus.DATA_DIR / f"incr-n{base_n}"
+    copy = common.DATA_DIR / f"incr-n{base_n}"
     if copy.exists():
         shutil.rmtree(copy)
     copy.mkdir(parents=True)
-    with corpus._build_lock(base):
+    with common.build_lock(base):
         for child in base.iterdir():
             if child.name in ("cache", ".bench-build.lock", "import.ndjson"):
                 continue
             subprocess.run(["cp", "-al", str(child), str(copy / child.name)], check=True)
     try:
         ndjson = copy / "incremental.ndjson"
-        write_ndjson(ndjson, base_n + entries, start=base_n)
+        common.write_observations(ndjson, base_n + entries, start=base_n)
         progress(f"incremental: {entries} entries (titen import --batch-size 1) onto the {base_n:,} store copy")
-        import_s, out, _ = _titen("import", str(ndjson), "--org", corpus.ORG, "--batch-size", "1",
+        import_s, out, _ = _titen("import", str(ndjson), "--org", common.ORG, "--batch-size", "1",
                                   "--data-dir", str(copy))
         assert out[-1]["batches_written"] == entries, out
         rounds = []
@@ -150,10 +139,10 @@ def incremental(base_n: int, entries: int = 100, progress=corpus._log) -> dict:
             if round_ == 2:
                 # the steady state of a scheduled rebuild: the previous
                 # generation is the one round 1 kept in the work directory
-                write_ndjson(ndjson, base_n + 2 * entries, start=base_n + entries)
-                _titen("import", str(ndjson), "--org", corpus.ORG, "--batch-size", "1", "--data-dir", str(copy))
+                common.write_observations(ndjson, base_n + 2 * entries, start=base_n + entries)
+                _titen("import", str(ndjson), "--org", common.ORG, "--batch-size", "1", "--data-dir", str(copy))
             load_before = os.getloadavg()[0]
-            rebuild_s, out, _ = _titen("rebuild", "--org", corpus.ORG, "--data-dir", str(copy))
+            rebuild_s, out, _ = _titen("rebuild", "--org", common.ORG, "--data-dir", str(copy))
             load_after = os.getloadavg()[0]
             result = out[-1]
             assert (result["entries_applied"] == entries
@@ -165,7 +154,7 @@ def incremental(base_n: int, entries: int = 100, progress=corpus._log) -> dict:
                            "previous": "downloaded" if round_ == 1 else "kept",
                            "loadavg_1m": [round(load_before, 2), round(load_after, 2)]})
         return {"base_claims": base_n, "entries": entries, "import_s": round(import_s, 3),
-                **rounds[1], "first": rounds[0], "measured_at": corpus._now()}
+                **rounds[1], "first": rounds[0], "measured_at": common.now()}
     finally:
         shutil.rmtree(copy, ignore_errors=True)
 
@@ -182,7 +171,7 @@ def print_tables(builds: list[dict], incr: dict | None) -> None:
                      f"{b['rebuild_s']:.1f}{mark}", f"{b['rebuild_internal_s']:.1f}",
                      f"{b['snapshot_bytes'] / 1e6:.1f}", f"{b['store_bytes'] / 1e6:.0f}",
                      "{:.1f}->{:.1f}".format(*b["loadavg_1m"])))
-    corpus.print_table(head, rows)
+    common.print_table(head, rows)
     if any(b.get("reused") for b in builds):
         print("* reused (--reuse): the figure is from the earlier run that built the store")
     fifty = next((b for b in builds if b["n"] == 50000), None)
@@ -208,23 +197,14 @@ def print_tables(builds: list[dict], incr: dict | None) -> None:
 
 
 def write_results(builds: list[dict], incr: dict | None, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        existing = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        existing = {}
-    by_size = {r["n"]: r for r in existing.get("builds", [])}
-    for b in builds:
-        by_size[b["n"]] = b
-    doc = {"bench": "load", "updated_at": corpus._now(), "targets": TARGETS,
-           "python": platform.python_version(), "cpus": os.cpu_count(),
-           "builds": [by_size[k] for k in sorted(by_size)],
-           "incremental": incr or existing.get("incremental")}
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    """Builds merged by size; the incremental result replaced when measured."""
+    common.write_results(path, "load", builds, key="n", field="builds", targets=TARGETS,
+                         python=platform.python_version(), cpus=os.cpu_count(),
+                         incremental=incr or common.read_results(path).get("incremental"))
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"comma list (default {DEFAULT_SIZES}; 1000000 optional)")
     parser.add_argument("--reuse", action="store_true", help="report an earlier CLI build instead of building again")
     parser.add_argument("--no-incremental", action="store_true")
@@ -232,7 +212,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(RESULTS_FILE))
     args = parser.parse_args(argv)
     load_start = os.getloadavg()
-    builds = [build_size(n, reuse=args.reuse) for n in corpus._sizes(args.sizes)]
+    builds = [build_size(n, reuse=args.reuse) for n in common.parse_sizes(args.sizes)]
     incr = None if args.no_incremental else incremental(args.incremental_base)
     print_tables(builds, incr)
     print(f"load average (1/5/15 min) before {tuple(round(x, 2) for x in load_start)}, "

@@ -1,8 +1,8 @@
 """Which HTTP server settings ``titen serve`` uses, by measurement: uvicorn
 with the h11 parser vs uvicorn with httptools (llhttp, wrapped by
-``core.edge.EnvelopeHttpToolsProtocol``), on one service over loopback.
+``core.api.edge.EnvelopeHttpToolsProtocol``), on one service over loopback.
 
-    .venv/bin/python bench/server_choice.py [--requests 3000]
+    .venv/bin/python -m bench.server_choice [--requests 3000]
 
 For each: the edge probes (bad Content-Length, Content-Length with
 Transfer-Encoding) and their answers, then ``GET /healthz`` and ``POST
@@ -13,24 +13,18 @@ CPU: run it twice and compare the orders, not the digits.
 
 from __future__ import annotations
 
-import os
+import argparse
+import http.client
+import json
+import socket
 import sys
+import tempfile
+import threading
+import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import uvicorn
 
-import argparse  # noqa: E402
-import http.client  # noqa: E402
-import json  # noqa: E402
-import socket  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-
-import uvicorn  # noqa: E402
-
-from bench import corpus  # noqa: E402
-from bench.compile import summary_ms  # noqa: E402
-from bench.served import free_port  # noqa: E402
+from bench import common
 
 
 def probe(port: int, raw: bytes) -> str:
@@ -53,7 +47,7 @@ def probe(port: int, raw: bytes) -> str:
 def run(protocol, label: str, service, key: str, requests: int) -> dict:
     from core.api.app import create_app
 
-    port = free_port()
+    port = common.free_port()
     config = uvicorn.Config(create_app(service), host="127.0.0.1", port=port, http=protocol, log_level="error")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -88,7 +82,8 @@ def run(protocol, label: str, service, key: str, requests: int) -> dict:
     conn.close()
     server.should_exit = True
     thread.join()
-    return {"label": label, "probes": probes, "healthz": summary_ms(health), "compile": summary_ms(compiles)}
+    return {"label": label, "probes": probes, "healthz": common.summary_ms(health),
+            "compile": common.summary_ms(compiles)}
 
 
 def main(argv=None) -> int:
@@ -100,15 +95,15 @@ def main(argv=None) -> int:
     from core.service import Service
     from core.writes import Writes
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.server_choice", description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=3000)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="titen-server-choice-") as data_dir:
         service = Service(Settings.from_env(data_dir=data_dir))
         writer = Principal("bench", "importer", "cli", frozenset({"memory:write"}), ())
         writes = Writes(service.store, service.reader)
-        for claim in corpus.generate(200):
-            writes.record_observation(writer, corpus.to_observation(claim, "user_bench"))
+        for claim in common.generate(200):
+            writes.record_observation(writer, common.to_observation(claim, "user_bench"))
         service.rebuild("bench")
         key = service.keys.create("bench", "bench", ["context:compile", "memory:write"], [])["api_key"]
         for protocol, label in ((H11Protocol, "uvicorn h11"), (EnvelopeHttpToolsProtocol, "uvicorn httptools")):

@@ -1,11 +1,11 @@
 """Soak: bounded mixed compile + write traffic against ``titen serve`` on
 loopback, with rebuilds running, checking that nothing is lost or leaks.
 
-    .venv/bin/python bench/soak.py                     # 10 minutes
-    .venv/bin/python bench/soak.py --seconds 180       # shorter
+    .venv/bin/python -m bench.soak                     # 10 minutes
+    .venv/bin/python -m bench.soak --seconds 180       # shorter
 
 Setup: a fresh local store with ``--claims`` claims of the reference corpus
-(``bench/corpus.py``) imported, an API key, and ``titen serve`` started on it
+(``bench.common.import_corpus``) imported, an API key, and ``titen serve`` started on it
 (its start-up rebuild publishes generation 1). Then for ``--seconds``:
 ``--concurrency`` client threads, each on its own keep-alive connection, send
 ``POST /v1/context/compile`` (a workload task, max_tokens 1200) or, with
@@ -24,25 +24,19 @@ duplicates). Timings on a shared machine are noisy.
 
 from __future__ import annotations
 
+import argparse
+import http.client
+import json
 import os
+import random
 import sys
+import tempfile
+import threading
+import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.common import Served, create_key, import_corpus, load_workload, rss_mib, summary_ms
 
-import argparse  # noqa: E402
-import http.client  # noqa: E402
-import json  # noqa: E402
-import random  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-
-from bench import corpus  # noqa: E402
-from bench.compile import summary_ms  # noqa: E402
-from bench.liveness import admin_key, load_claims  # noqa: E402
-from bench.served import Served, rss_mib  # noqa: E402
-
-ORG = "live"  # bench.liveness imports under this organization
+ORG = "live"
 
 
 class Client:
@@ -65,9 +59,9 @@ class Client:
 
 def soak(seconds: float, concurrency: int, claims: int, write_ratio: float, rebuild_every: float,
          data_dir: str, log_path: str | None = None) -> dict:
-    tasks = [t["task"] if isinstance(t, dict) else t for t in corpus.load_workload()["tasks"]]
-    key = admin_key(data_dir)
-    load_claims(data_dir, claims)
+    tasks = [t["task"] if isinstance(t, dict) else t for t in load_workload()["tasks"]]
+    key = create_key(data_dir, ORG, ("admin", "context:compile"), principal="ops")
+    import_corpus(data_dir, claims, ORG)
     with Served(data_dir, log_path=log_path) as served:
         lock = threading.Lock()
         samples = {"compile": [], "write": [], "rebuild": []}
@@ -158,7 +152,7 @@ def soak(seconds: float, concurrency: int, claims: int, write_ratio: float, rebu
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=600)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--claims", type=int, default=5000)

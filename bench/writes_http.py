@@ -1,7 +1,7 @@
 """Write throughput over HTTP, and what an Idempotency-Key costs per write.
 
-    .venv/bin/python bench/writes_http.py                 # 4 clients, 1000 single writes, 40 batches of 100
-    .venv/bin/python bench/writes_http.py --clients 4 --singles 2000 --batches 80
+    .venv/bin/python -m bench.writes_http                 # 4 clients, 1000 single writes, 40 batches of 100
+    .venv/bin/python -m bench.writes_http --clients 4 --singles 2000 --batches 80
 
 Part 1, over HTTP. A fresh store in ``bench/.data/writes``, a key with
 ``memory:write``, ``titen serve`` (uvicorn, loopback; its in-process rebuild
@@ -31,27 +31,19 @@ Timings on a shared 2-core machine are noisy; the operation counts are exact.
 
 from __future__ import annotations
 
+import argparse
+import http.client
+import json
 import os
+import shutil
 import sys
+import tempfile
+import threading
+import time
+import uuid
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import argparse  # noqa: E402
-import http.client  # noqa: E402
-import json  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-import uuid  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from bench import corpus  # noqa: E402
-from bench.compile import summary_ms  # noqa: E402
-from bench.compile_http import free_port, proc_status, wait_ready  # noqa: E402
-
-TITEN = str(corpus.ROOT / ".venv" / "bin" / "titen")
+from bench import common
+from bench.common import summary_ms
 
 
 def observation(i: int) -> dict:
@@ -102,19 +94,14 @@ def run_clients(port: int, api_key: str, requests: list[tuple[str, bytes, str | 
 
 
 def http_part(args) -> list[dict]:
-    directory = corpus.ROOT / "bench" / ".data" / "writes"
+    directory = common.DATA_DIR / "writes"
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
-    key = json.loads(subprocess.run(
-        [TITEN, "keys", "create", "--org", "bench", "--principal", "bench", "--scopes", "memory:write",
-         "--json", "--data-dir", str(directory)], check=True, capture_output=True, text=True).stdout)["api_key"]
-    port = free_port()
-    log = open(directory / ".serve.log", "w")
-    server = subprocess.Popen([TITEN, "serve", "--port", str(port), "--data-dir", str(directory)],
-                              stdout=log, stderr=subprocess.STDOUT, cwd=corpus.ROOT)
+    key = common.create_key(directory, "bench", ["memory:write"])
     rows = []
-    try:
-        wait_ready(port, server)
+    with common.Served(directory, log_path=str(directory / ".serve.log")) as server:
+        port = server.port
+        server.wait_ready()
         counter = iter(range(10 ** 9))
         single = [("/v1/observations", json.dumps(observation(next(counter))).encode(), None)
                   for _ in range(args.singles)]
@@ -159,14 +146,11 @@ def http_part(args) -> list[dict]:
                          "observations_stored": m["stored"], "wall_s": round(m["wall"], 3),
                          "requests_per_s": round(m["requests"] / m["wall"], 1),
                          "observations_per_s": round(m["stored"] / m["wall"], 1), **summary_ms(m["samples"])})
-        rss = proc_status(server.pid)
+        rss = common.rss_mib(server.pid)
         ledger = sum(1 for _ in (directory / "orgs" / "bench" / "ledger").iterdir())
         expected = 20 + 2 * args.singles + 2 * args.batches
-        rows.append({"server_peak_rss_mib": rss.get("VmHWM:", rss.get("VmHWM")), "ledger_entries": ledger,
+        rows.append({"server_peak_rss_mib": rss.get("VmHWM"), "ledger_entries": ledger,
                      "ledger_entries_expected": expected})
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     return rows
 
 
@@ -221,7 +205,7 @@ def in_process_part(n: int) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.writes_http", description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--singles", type=int, default=1000)
     parser.add_argument("--batches", type=int, default=40)

@@ -3,12 +3,12 @@ runs it inside the arm64 root):
 
 - probe: the model the candidate step uses for 1..16 phrases on this
   platform's FTS5 ("plain", "fused", or "FTS5" when neither matched and the
-  FTS5 query answers; core.lexical.phrase_count_mode);
+  FTS5 query answers; core.lexical.probe.phrase_count_mode);
 - compare: random queries of 1..16 phrases over random corpora (the corpora
   of tests/test_lexical.py), the candidate step (core.lexical.top_candidates)
-  against the FTS5 candidate query (core.compile.retrieval.fts_candidates): same
-  rows, same order, bit-identical bm25;
-- fingerprint: this platform's libm fingerprint (core.lexical);
+  against the FTS5 candidate query (core.compile.retrieval.fts_candidates):
+  same rows, same order, bit-identical bm25;
+- fingerprint: this platform's libm fingerprint (core.lexical.libm);
 - cross (when given a file ``--build-cross`` wrote on another platform, the
   host): how many of the lists priced there differ from this platform's
   pricing, whether the candidate step trusts them, and that every query
@@ -18,8 +18,15 @@ It prints one summary line per part ("probe ...", "compare ...",
 "fingerprint ...", "cross ...") and exits 1 on any fallback to FTS5 or any
 mismatch.
 
-    python infra/arm64_check.py [--queries 400] [--seed 13] [--check-cross FILE]
-    python infra/arm64_check.py --build-cross FILE      # on the other platform
+    python -m infra.arm64_check [--queries 400] [--seed 13] [--check-cross FILE]
+    python -m infra.arm64_check --build-cross FILE      # on the other platform
+
+Run it from the repository root, as a module (``-m``: the root, the working
+directory, is then first on ``sys.path``), with an interpreter that has the
+project's dependencies: it imports ``core`` from the checkout, and
+``tests.test_lexical`` and ``bench.common``, which are not installed
+packages. Both callers in infra/check-arm64.sh do so (the host's ``.venv``,
+and the arm64 root's venv in its copy of the checkout).
 """
 
 from __future__ import annotations
@@ -32,14 +39,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import apsw
 
-import apsw  # noqa: E402
-
-from core import lexical  # noqa: E402
-from core.compile.planning import FUNCTION_WORDS, plan_query  # noqa: E402
-from core.compile.retrieval import fts_candidates  # noqa: E402
-from tests.test_lexical import WORDS, _corpus, _scope  # noqa: E402
+from core import lexical
+from core.compile.planning import FUNCTION_WORDS, plan_query
+from core.compile.retrieval import fts_candidates
+from tests.snapshot_rows import insert_claim
+from tests.test_lexical import WORDS, _corpus, _scope
 
 MAX_PHRASES = 16
 
@@ -104,17 +110,15 @@ def _bench_claims(db: apsw.Connection, n: int) -> None:
     """n claims of the bench's reference corpus (a Zipf vocabulary of
     thousands of words: many distinct document frequencies, so many distinct
     log() inputs), spread over the test corpus's subjects and projects."""
-    from bench.corpus import generate
+    from bench.common import generate
     with db:
         for i, claim in enumerate(generate(n)):
-            db.execute(
-                "INSERT INTO claims(claim_id, org_id, subject_id, project_id, visibility, owner_id, statement, kind,"
-                " confidence, trust, trust_level, valid_from, created_at, created_s, entry_id, indexed)"
-                " VALUES(?, 'org', ?, ?, 'organization', 'u1', ?, 'semantic_fact', 0.9, 'observed', 1, ?, ?, 0,"
-                " 'e', 1)", (f"clm_bench_{i:06d}", ("s1", "s2", "s3")[i % 3], (None, "p1", "p2")[i // 3 % 3],
-                             claim["statement"], "2026-01-01T00:00:00.000000Z", "2026-01-01T00:00:00.000000Z"))
-            db.execute("INSERT INTO claims_fts(rowid, statement) VALUES(last_insert_rowid(), ?)",
-                       (claim["statement"],))
+            rowid = insert_claim(db, f"clm_bench_{i:06d}", claim["statement"], org_id="org",
+                                 subject_id=("s1", "s2", "s3")[i % 3], project_id=(None, "p1", "p2")[i // 3 % 3],
+                                 visibility="organization", owner_id="u1", kind="semantic_fact", confidence=0.9,
+                                 trust="observed", trust_level=1, valid_from="2026-01-01T00:00:00.000000Z",
+                                 created_at="2026-01-01T00:00:00.000000Z", created_s=0, entry_id="e", indexed=1)
+            db.execute("INSERT INTO claims_fts(rowid, statement) VALUES(?, ?)", (rowid, claim["statement"]))
 
 
 def build_cross(path: str) -> None:
@@ -148,7 +152,7 @@ def check_cross(path: str, queries: int) -> bool:
     local.unlink()
     rng = random.Random(CROSS_SEED + 1)
     vocabulary = sorted({w.casefold() for w in WORDS} - FUNCTION_WORDS)
-    from bench.corpus import load_workload
+    from bench.common import load_workload
     tasks = load_workload()["tasks"]
     served = mismatches = 0
     for i in range(queries):
@@ -173,7 +177,7 @@ def check_cross(path: str, queries: int) -> bool:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m infra.arm64_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--queries", type=int, default=400)
     parser.add_argument("--seed", type=int, default=13)
     parser.add_argument("--build-cross", metavar="FILE", help="write a priced index for --check-cross, and stop")

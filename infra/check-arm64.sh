@@ -7,8 +7,9 @@
 #   sudo infra/check-arm64.sh     # 33 min from nothing on 2 shared cores, 10-20 with the root cached
 #
 # Run it after any change under the lexical, ranking or packing code
-# (core/lexical/, core/compile/retrieval.py, core/compile/planning.py, core/compile/ranking.py,
-# core/compile/packing.py, core/budget/tokens.py). It is not part of .ci/run.
+# (core/lexical/, core/compile/retrieval.py, core/compile/planning.py,
+# core/compile/ranking.py, core/compile/packing.py, core/budget/). It is not
+# part of .ci/run.
 #
 # What it does:
 # 1. builds, once, an arm64 Debian root with debootstrap (the mirror this
@@ -18,7 +19,7 @@
 #    outside the repository) and reused while the pins do not change;
 # 2. copies this checkout into the root and installs it (pip install
 #    --no-compile: byte-compiling under emulation is very slow);
-# 3. inside the root runs infra/arm64_check.py (the platform probe's model
+# 3. inside the root runs `python -m infra.arm64_check` (the platform probe's model
 #    for 1..16 phrases, a random-query comparison of the candidate step
 #    against FTS5's bm25, and a snapshot priced on this host -- by the
 #    checkout's .venv, made with `make setup` if missing -- served there) and
@@ -194,9 +195,9 @@ fi
 HOST_FP=$(cd "$REPO" && "$HOST_PY" -c 'from core.lexical import platform_fingerprint as f; print(f())')
 rm -f "$ROOT/tmp/titen-cross.sqlite"
 CROSS=(--check-cross /tmp/titen-cross.sqlite)
-(cd "$REPO" && "$HOST_PY" infra/arm64_check.py --build-cross "$ROOT/tmp/titen-cross.sqlite") || FAIL=1
+(cd "$REPO" && "$HOST_PY" -m infra.arm64_check --build-cross "$ROOT/tmp/titen-cross.sqlite") || FAIL=1
 say "probe and random-query comparison (log: $LOGDIR/compare.log)"
-in_root sh -c "cd /work/titen && python infra/arm64_check.py --queries $QUERIES ${CROSS[*]}" 2>&1 \
+in_root sh -c "cd /work/titen && python -m infra.arm64_check --queries $QUERIES ${CROSS[*]}" 2>&1 \
     | tee "$LOGDIR/compare.log" || FAIL=1
 say "tests: ${TESTS[*]} (log: $LOGDIR/pytest.log)"
 in_root sh -c "cd /work/titen && python -m pytest ${TESTS[*]}" >"$LOGDIR/pytest.log" 2>&1 || FAIL=1

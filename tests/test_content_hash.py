@@ -6,6 +6,7 @@ import pytest
 
 from core.snapshot import content_hash
 from core.snapshot.schema import DDL
+from tests.snapshot_rows import insert_claim
 
 # columns that are caches of canonical ones or bookkeeping of the build
 NOT_CANONICAL = {"claims": {"rowid", "trust_level", "created_s", "entry_id"}, "transitions": {"entry_id"}}
@@ -25,10 +26,8 @@ def test_every_column_of_a_canonical_table_is_hashed_unless_declared_derived(tab
 
 
 def _claim(db, claim_id, statement):
-    db.execute("INSERT INTO claims(claim_id, org_id, subject_id, visibility, owner_id, statement, kind, confidence,"
-               " trust, trust_level, valid_from, created_at, created_s, entry_id)"
-               " VALUES(?, 'o', 's', 'organization', 'u', ?, 'semantic_fact', 0.5, 'observed', 1, 't', 't', 0, 'e')",
-               (claim_id, statement))
+    insert_claim(db, claim_id, statement, org_id="o", subject_id="s", owner_id="u", confidence=0.5,
+                 valid_from="t", created_at="t", created_s=0)
 
 
 def test_sums_kept_row_by_row_equal_the_sums_of_the_rows():

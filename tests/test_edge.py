@@ -4,19 +4,15 @@ Content-Length with Transfer-Encoding, a body read timeout answered 408, a
 client gone mid-body logged as one line, ids echoed cut to a fixed length."""
 
 import json
-import os
 import socket
-import sys
 import time
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.served import Served  # noqa: E402
-from core.config import Settings  # noqa: E402
-from core.keys import KeyRing  # noqa: E402
-from core.storage import open_store  # noqa: E402
+from bench.common import Served
+from core.config import Settings
+from core.keys import KeyRing
+from core.storage import open_store
 
 OBS = json.dumps({"subject_id": "user_rama", "kind": "tool_result", "content": "ok",
                   "source": {"type": "tool", "ref": "r"}, "visibility": "organization"}).encode()

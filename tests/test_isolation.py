@@ -34,60 +34,79 @@ def world(api):
             }
 
 
-def outsiders(world):
-    """(caller, visibility) pairs that must not see the record."""
-    return [(world["foreign"], "private"), (world["foreign"], "team"), (world["foreign"], "organization"),
-            (world["bob"], "private"), (world["bob"], "team")]
+# (caller, visibility) pairs that must not see the record: each its own test id,
+# so one failing outsider does not hide the rest
+OUTSIDERS = [("foreign", "private"), ("foreign", "team"), ("foreign", "organization"),
+             ("bob", "private"), ("bob", "team")]
+outsiders = pytest.mark.parametrize("caller_name, vis", OUTSIDERS, ids=[f"{c}-{v}" for c, v in OUTSIDERS])
+other_callers = pytest.mark.parametrize("caller_name", ["foreign", "bob"])
 
 
-def test_evidence_route(api, world):
-    for caller, vis in outsiders(world):
-        claim = world["records"][vis]["claim_id"]
-        same_as_unknown(api.get(f"/v1/claims/{claim}/evidence", caller),
-                        api.get(f"/v1/claims/{UNKNOWN_CLAIM}/evidence", caller), claim, UNKNOWN_CLAIM)
+@outsiders
+def test_evidence_route(api, world, caller_name, vis):
+    caller = world[caller_name]
+    claim = world["records"][vis]["claim_id"]
+    same_as_unknown(api.get(f"/v1/claims/{claim}/evidence", caller),
+                    api.get(f"/v1/claims/{UNKNOWN_CLAIM}/evidence", caller), claim, UNKNOWN_CLAIM)
 
 
+@outsiders
 @pytest.mark.parametrize("action", ["supersede", "revoke", "expire"])
-def test_transition_routes(api, world, action):
+def test_transition_routes(api, world, action, caller_name, vis):
     body = {"expected_version": 1, "statement": "changed"} if action == "supersede" else {"expected_version": 1}
-    for caller, vis in outsiders(world):
-        claim = world["records"][vis]["claim_id"]
-        before = api.ledger_keys()
-        same_as_unknown(api.post(f"/v1/claims/{claim}/{action}", body, caller),
-                        api.post(f"/v1/claims/{UNKNOWN_CLAIM}/{action}", body, caller), claim, UNKNOWN_CLAIM)
-        assert api.ledger_keys() == before
+    caller = world[caller_name]
+    claim = world["records"][vis]["claim_id"]
+    before = api.ledger_keys()
+    same_as_unknown(api.post(f"/v1/claims/{claim}/{action}", body, caller),
+                    api.post(f"/v1/claims/{UNKNOWN_CLAIM}/{action}", body, caller), claim, UNKNOWN_CLAIM)
+    assert api.ledger_keys() == before
 
 
-def test_consolidation_citing_evidence(api, world):
-    for caller, vis in outsiders(world):
-        obs = world["records"][vis]["observation_id"]
+@outsiders
+def test_consolidation_citing_evidence(api, world, caller_name, vis):
+    caller = world[caller_name]
+    obs = world["records"][vis]["observation_id"]
 
-        def cite(obs_id):
-            return api.post("/v1/consolidations", {"subject_id": "user_rama", "claims": [
-                {"statement": "s", "kind": "semantic_fact", "confidence": 0.5,
-                 "sources": [{"observation_id": obs_id, "relation": "supports"}]}]}, caller)
-        same_as_unknown(cite(obs), cite(UNKNOWN_OBS), obs, UNKNOWN_OBS)
-
-
-def test_stored_context_and_feedback_routes(api, world):
-    ctx = api.compile(world["alice"], "deploy rule").json()["data"]["context_id"]
-    for caller in (world["foreign"], world["bob"]):
-        same_as_unknown(api.get(f"/v1/context/{ctx}", caller), api.get(f"/v1/context/{UNKNOWN_CTX}", caller),
-                        ctx, UNKNOWN_CTX)
-        same_as_unknown(api.post(f"/v1/context/{ctx}/feedback", {"outcome": "useful"}, caller),
-                        api.post(f"/v1/context/{UNKNOWN_CTX}/feedback", {"outcome": "useful"}, caller),
-                        ctx, UNKNOWN_CTX)
+    def cite(obs_id):
+        return api.post("/v1/consolidations", {"subject_id": "user_rama", "claims": [
+            {"statement": "s", "kind": "semantic_fact", "confidence": 0.5,
+             "sources": [{"observation_id": obs_id, "relation": "supports"}]}]}, caller)
+    same_as_unknown(cite(obs), cite(UNKNOWN_OBS), obs, UNKNOWN_OBS)
 
 
-def test_compile_never_sees_or_counts_what_the_caller_may_not_read(api, world):
-    expectations = [(world["alice"], {"private", "team", "organization"}),
-                    (world["bob"], {"organization"}), (world["foreign"], set())]
-    for caller, visible in expectations:
-        r = api.compile(caller, "deploy rule")
-        assert r.status_code == 200
-        claims = {i["claim_id"] for i in r.json()["data"]["items"]}
-        assert claims == {world["records"][v]["claim_id"] for v in visible}
-        assert r.json()["meta"]["candidates"] == len(visible)
+@pytest.fixture
+def stored_context(api, world):
+    """A pack alice compiled: its id."""
+    return api.compile(world["alice"], "deploy rule").json()["data"]["context_id"]
+
+
+@other_callers
+def test_stored_context_route(api, world, stored_context, caller_name):
+    caller, ctx = world[caller_name], stored_context
+    same_as_unknown(api.get(f"/v1/context/{ctx}", caller), api.get(f"/v1/context/{UNKNOWN_CTX}", caller),
+                    ctx, UNKNOWN_CTX)
+
+
+@other_callers
+def test_feedback_route(api, world, stored_context, caller_name):
+    caller, ctx = world[caller_name], stored_context
+    same_as_unknown(api.post(f"/v1/context/{ctx}/feedback", {"outcome": "useful"}, caller),
+                    api.post(f"/v1/context/{UNKNOWN_CTX}/feedback", {"outcome": "useful"}, caller),
+                    ctx, UNKNOWN_CTX)
+
+
+# who compiles, and the visibilities of alice's claims they may read
+READERS = {"alice": {"private", "team", "organization"}, "bob": {"organization"}, "foreign": set()}
+
+
+@pytest.mark.parametrize("reader", list(READERS))
+def test_compile_never_sees_or_counts_what_the_caller_may_not_read(api, world, reader):
+    caller, visible = world[reader], READERS[reader]
+    r = api.compile(caller, "deploy rule")
+    assert r.status_code == 200
+    claims = {i["claim_id"] for i in r.json()["data"]["items"]}
+    assert claims == {world["records"][v]["claim_id"] for v in visible}
+    assert r.json()["meta"]["candidates"] == len(visible)
 
 
 def test_team_visibility_follows_the_key_workspaces(api, world):

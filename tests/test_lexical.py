@@ -16,6 +16,7 @@ from core.keys import Principal
 from core.compile.planning import plan_query
 from core.compile.retrieval import CompileScope, fts_candidates
 from core.snapshot.schema import DDL
+from tests.snapshot_rows import insert_claim
 
 WORDS = ["deploy", "deploys", "deploying", "deployment", "cafe", "café", "CAFÉ", "naïve", "naive", "smoke",
          "test", "tests", "rollback", "db", "migration", "migrations", "alpha", "beta", "gamma", "delta",
@@ -49,15 +50,15 @@ def _corpus(rng: random.Random, n: int) -> apsw.Connection:
             valid_from = rng.choice(TIMES[:3])
             valid_to = rng.choice([None, None, TIMES[2], TIMES[3]])
             statement = _statement(rng)
-            rowid = db.execute(
-                "INSERT INTO claims(claim_id, org_id, subject_id, project_id, workspace_id, visibility, owner_id,"
-                " statement, kind, confidence, trust, trust_level, valid_from, valid_to, created_at, created_s,"
-                " entry_id, base_status, status, indexed) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
-                " RETURNING rowid",
-                (f"clm_{rng.getrandbits(40):010x}_{i}", "org", rng.choice(SUBJECTS), rng.choice(PROJECTS),
-                 rng.choice(WORKSPACES) if vis == "team" else None, vis, rng.choice(PRINCIPALS), statement,
-                 "semantic_fact", 0.9, "observed", 1, valid_from, valid_to, TIMES[0], 0.0, "e",
-                 status if status != "disputed" else "active", status, indexed)).fetchone()[0]
+            # keyword arguments are evaluated in order: the rng draws as it always did
+            rowid = insert_claim(
+                db, f"clm_{rng.getrandbits(40):010x}_{i}", statement, org_id="org",
+                subject_id=rng.choice(SUBJECTS), project_id=rng.choice(PROJECTS),
+                workspace_id=rng.choice(WORKSPACES) if vis == "team" else None, visibility=vis,
+                owner_id=rng.choice(PRINCIPALS), kind="semantic_fact", confidence=0.9, trust="observed",
+                trust_level=1, valid_from=valid_from, valid_to=valid_to, created_at=TIMES[0], created_s=0.0,
+                entry_id="e", base_status=status if status != "disputed" else "active", status=status,
+                indexed=indexed)
             # as the builder does: every claim enters the index, terminal ones leave it again
             db.execute("INSERT INTO claims_fts(rowid, statement) VALUES(?, ?)", (rowid, statement))
             if not indexed:
@@ -162,12 +163,10 @@ def _change_index(db: apsw.Connection, rng: random.Random, changes: lexical.Lexi
     for i in range(n):
         statement = _statement(rng)
         subject_id = rng.choice(SUBJECTS + ["s4"])  # s4: lists that do not exist yet
-        rowid = db.execute(
-            "INSERT INTO claims(claim_id, org_id, subject_id, visibility, owner_id, statement, kind, confidence,"
-            " trust, trust_level, valid_from, created_at, created_s, entry_id, indexed)"
-            " VALUES(?, 'org', ?, 'organization', 'u1', ?, 'semantic_fact', 0.9, 'observed', 1, ?, ?, 0, 'e', 1)"
-            " RETURNING rowid", (f"clm_new_{rng.getrandbits(40):010x}_{i}", subject_id, statement, TIMES[0],
-                                 TIMES[0])).fetchone()[0]
+        rowid = insert_claim(db, f"clm_new_{rng.getrandbits(40):010x}_{i}", statement, org_id="org",
+                             subject_id=subject_id, visibility="organization", owner_id="u1", kind="semantic_fact",
+                             confidence=0.9, trust="observed", trust_level=1, valid_from=TIMES[0],
+                             created_at=TIMES[0], created_s=0, indexed=1)
         db.execute("INSERT INTO claims_fts(rowid, statement) VALUES(?, ?)", (rowid, statement))
         changes.inserted(rowid, subject_id, statement)
 

@@ -1,17 +1,12 @@
 """Liveness: ``/healthz`` answers while a large rebuild runs, because route work
 runs on the thread pool, never on the event loop (docs/architecture.md, "HTTP and
 errors"). Against the real ``titen serve`` on loopback. The issue's target is p99
-<= 50 ms at 50k claims (measured by ``bench/liveness.py``); this test uses 5,000
-claims and a generous bound (shared CPU), which a rebuild on the event loop misses
-by seconds."""
+<= 50 ms at 50k claims (measured by ``python -m bench.liveness``); this test uses
+5,000 claims and a generous bound (shared CPU), which a rebuild on the event loop
+misses by seconds."""
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.compile import percentile  # noqa: E402
-from bench.liveness import measure  # noqa: E402
+from bench.common import percentile
+from bench.liveness import measure
 
 CLAIMS = 5000
 
@@ -34,12 +29,12 @@ def test_concurrent_compiles_and_writes_on_one_organization_never_fail(tmp_path)
     import json
     import threading
 
-    from bench.liveness import admin_key, load_claims
-    from bench.served import Served
+    from bench.common import Served, create_key, import_corpus
+    from bench.liveness import ORG, SCOPES
 
     data_dir = str(tmp_path / "titen")
-    key = admin_key(data_dir)
-    load_claims(data_dir, 300)
+    key = create_key(data_dir, ORG, SCOPES, principal="ops")
+    import_corpus(data_dir, 300, ORG)
     headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
     statuses = []
     with Served(data_dir) as served:

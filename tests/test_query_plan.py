@@ -1,9 +1,10 @@
 """The compile hot path's SQL keeps its query plans: no table scans.
 
 A small organization is imported and published through the real code path
-(``core.importer.import_file`` → ledger → ``core.rebuild.SnapshotBuilder``,
-which also runs ``PRAGMA optimize``), and the published file is opened the way
-the serving side opens it (``core.snapshot.open_readonly``). The candidate
+(``core.writes.importer.import_file`` → ledger →
+``core.snapshot.build.SnapshotBuilder``, which also runs ``PRAGMA optimize``),
+and the published file is opened the way the serving side opens it
+(``core.snapshot.reader.open_readonly``). The candidate
 step (``lexical_candidates``: the postings of ``core.lexical``), the bare FTS5
 candidate query (``fts_candidates``) and hydrate then run for real with an
 apsw exec tracer that records every statement and its bindings; each recorded
