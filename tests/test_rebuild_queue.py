@@ -475,3 +475,35 @@ def test_a_message_that_is_not_a_rebuild_request_is_dropped_not_retried(lam, cap
     lines = rebuild_lines(capsys)
     assert [line["status"] for line in lines if "message_id" in line] == ["rejected"]
     assert read_pointer(lam.store, "demo")[0]["generation"] == 1
+
+
+# -- an erasure on the Lambda path ------------------------------------------------------
+
+def test_an_erasure_asked_through_the_api_is_carried_out_by_the_queued_rebuild(lam):
+    boto3.client("s3").put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
+    observe(lam, "The harbour gate code is 4711.")
+    deliver(lam, receive(lam))
+    assert compile_items(lam, "harbour gate code")[0]
+    evt = _event("erase-subject.json")
+    evt["headers"]["authorization"] = f"Bearer {lam.key}"
+    asked = lam.api.handler(evt, LambdaContext())
+    assert asked["statusCode"] == 202, asked["body"]
+    erasure_id = json.loads(asked["body"])["data"]["erasure_id"]
+    (message,) = receive(lam)  # the request asked for the organization's rebuild, like a write
+    assert json.loads(message["Body"])["org_id"] == "demo"
+    assert deliver(lam, [message]) == set()
+    evt = _event("erasure-status.json")
+    evt["headers"]["authorization"] = f"Bearer {lam.key}"
+    for field in (evt, evt["requestContext"]["http"]):
+        key = "rawPath" if field is evt else "path"
+        field[key] = field[key].replace("era_REPLACE_WITH_ERASURE_HEX", erasure_id)
+    status = lam.api.handler(evt, LambdaContext())
+    assert status["statusCode"] == 200
+    done = json.loads(status["body"])["data"]
+    assert done["status"] == "complete" and done["counts"]["claims"] == 1
+    time.sleep(TTL)
+    assert compile_items(lam, "harbour gate code")[0] == []
+    s3 = boto3.client("s3")
+    for version in s3.list_object_versions(Bucket=BUCKET).get("Versions", []):
+        body = s3.get_object(Bucket=BUCKET, Key=version["Key"], VersionId=version["VersionId"])["Body"].read()
+        assert b"4711" not in body, version["Key"]
