@@ -128,6 +128,20 @@ class KeyRing:
             raise Unauthenticated("the API key is not valid or has been revoked")
         return principal
 
+    def cached(self, authorization: str | None) -> Principal | None:
+        """The principal of a well-formed key looked up (and valid) within the
+        cache period, without I/O; None otherwise (``authenticate`` decides)."""
+        if not authorization or not authorization[:7].lower() == "bearer ":
+            return None
+        token = authorization[7:].strip()
+        if not _KEY_FORMAT.match(token):
+            return None
+        with self._lock:
+            hit = self._cache.get(key_hash(token))
+        if hit is None or hit[0] <= time.monotonic():
+            return None
+        return hit[1]
+
     def _load(self, digest: str) -> Principal | None:
         try:
             record = json.loads(self.store.get(f"keys/{digest}.json").body)

@@ -50,8 +50,11 @@ def endpoint(service: Service, *, auth: bool = True, body: bool = False, inline:
                                              else echo(value))
             try:
                 if auth:
-                    principal = await run_in_threadpool(service.keys.authenticate,
-                                                        request.headers.get("authorization"))
+                    # a key looked up within the cache period needs no I/O: answered
+                    # here, without a hop to the thread pool and back
+                    authorization = request.headers.get("authorization")
+                    principal = (service.keys.cached(authorization)
+                                 or await run_in_threadpool(service.keys.authenticate, authorization))
                 payload = await read_body(request, service.settings.body_timeout) if body else None
                 if inline:
                     status, data, meta = fn(request, principal, payload)
