@@ -72,6 +72,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
+from core.storage.local import LocalStore
+
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 
@@ -507,6 +509,106 @@ def write_results(path: str | os.PathLike, bench: str, rows: list[dict], *, key:
         by_key[r[key]] = r
     doc = {"bench": bench, "updated_at": now(), **top, field: [by_key[k] for k in sorted(by_key)]}
     path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+# -- an S3 model over the local store --------------------------------------------------
+
+class ModelledS3(LocalStore):
+    """The local store with S3's per-request latency and bandwidth as a floor
+    (the S3 model of bench.freshness and bench.erasure). The local store
+    keeps no object versions; purging versions is modelled as the listing
+    and the delete S3 needs."""
+
+    def __init__(self, root: str, latency: float, bandwidth: float):
+        super().__init__(root)
+        self.latency, self.bandwidth = latency, bandwidth
+        self.timings: dict[str, list[float]] = {}
+
+    def _floor(self, op: str, started: float, nbytes: int = 0) -> None:
+        floor = self.latency + nbytes / self.bandwidth
+        elapsed = time.perf_counter() - started
+        if elapsed < floor:
+            time.sleep(floor - elapsed)
+        self.timings.setdefault(op, []).append(time.perf_counter() - started)
+
+    def get(self, key):
+        t = time.perf_counter()
+        obj = super().get(key)
+        self._floor("get", t, len(obj.body))
+        return obj
+
+    def get_if_changed(self, key, etag):
+        t = time.perf_counter()
+        obj = super().get_if_changed(key, etag)
+        self._floor("get_if_changed", t, len(obj.body) if obj else 0)
+        return obj
+
+    def list_keys(self, prefix, start_after=None, **kw):
+        t = time.perf_counter()
+        keys = list(super().list_keys(prefix, start_after, **kw))
+        pages = max(1, -(-len(keys) // (kw.get("page_size") or 1000)))
+        self._floor("list", t)
+        time.sleep(self.latency * (pages - 1))
+        return iter(keys)
+
+    def put_if_absent(self, key, body):
+        t = time.perf_counter()
+        try:
+            return super().put_if_absent(key, body)
+        finally:
+            self._floor("put", t, len(body))
+            self._published(key)
+
+    def compare_and_swap(self, key, body, expected_etag):
+        t = time.perf_counter()
+        try:
+            return super().compare_and_swap(key, body, expected_etag)
+        finally:
+            self._floor("put", t, len(body))
+            self._published(key)
+
+    def _published(self, key):
+        if key.endswith("/current.json"):
+            self.timings.setdefault("pointer_swapped_at", []).append(time.perf_counter())
+
+    def delete(self, key):
+        t = time.perf_counter()
+        super().delete(key)
+        self._floor("delete", t)
+
+    def upload_file(self, key, path):
+        t = time.perf_counter()
+        try:
+            return super().upload_file(key, path)
+        finally:
+            self._floor("upload", t, os.path.getsize(path))
+
+    def download_file(self, key, path):
+        t = time.perf_counter()
+        super().download_file(key, path)
+        self._floor("download", t, os.path.getsize(path))
+
+    def purge(self, key):
+        t = time.perf_counter()
+        super().purge(key)
+        self._floor("purge", t)
+        time.sleep(self.latency)  # S3: list the key's versions, then delete them
+
+    def purge_history(self, key):
+        t = time.perf_counter()
+        try:
+            return super().purge_history(key)
+        finally:
+            self._floor("purge_history", t)
+            time.sleep(self.latency)
+
+    def purge_prefix(self, prefix, keep):
+        t = time.perf_counter()
+        try:
+            return super().purge_prefix(prefix, keep)
+        finally:
+            self._floor("purge_prefix", t)
+            time.sleep(self.latency)
 
 
 # -- titen serve as a subprocess --------------------------------------------------------

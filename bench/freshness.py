@@ -62,83 +62,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import ORG, RESULTS_DIR, ROOT, build_org, load_workload, parse_sizes, percentile, print_table
-from core.storage.local import LocalStore
+from bench.common import (ORG, RESULTS_DIR, ROOT, ModelledS3, build_org, load_workload, parse_sizes, percentile,
+                          print_table)
 
 EVENTS = ROOT / "infra" / "events"
-
-
-class ModelledS3(LocalStore):
-    """The local store with S3's per-request latency and bandwidth as a floor."""
-
-    def __init__(self, root: str, latency: float, bandwidth: float):
-        super().__init__(root)
-        self.latency, self.bandwidth = latency, bandwidth
-        self.timings: dict[str, list[float]] = {}
-
-    def _floor(self, op: str, started: float, nbytes: int = 0) -> None:
-        floor = self.latency + nbytes / self.bandwidth
-        elapsed = time.perf_counter() - started
-        if elapsed < floor:
-            time.sleep(floor - elapsed)
-        self.timings.setdefault(op, []).append(time.perf_counter() - started)
-
-    def get(self, key):
-        t = time.perf_counter()
-        obj = super().get(key)
-        self._floor("get", t, len(obj.body))
-        return obj
-
-    def get_if_changed(self, key, etag):
-        t = time.perf_counter()
-        obj = super().get_if_changed(key, etag)
-        self._floor("get_if_changed", t, len(obj.body) if obj else 0)
-        return obj
-
-    def list_keys(self, prefix, start_after=None, **kw):
-        t = time.perf_counter()
-        keys = list(super().list_keys(prefix, start_after, **kw))
-        pages = max(1, -(-len(keys) // (kw.get("page_size") or 1000)))
-        self._floor("list", t)
-        time.sleep(self.latency * (pages - 1))
-        return iter(keys)
-
-    def put_if_absent(self, key, body):
-        t = time.perf_counter()
-        try:
-            return super().put_if_absent(key, body)
-        finally:
-            self._floor("put", t, len(body))
-            self._published(key)
-
-    def compare_and_swap(self, key, body, expected_etag):
-        t = time.perf_counter()
-        try:
-            return super().compare_and_swap(key, body, expected_etag)
-        finally:
-            self._floor("put", t, len(body))
-            self._published(key)
-
-    def _published(self, key):
-        if key.endswith("/current.json"):
-            self.timings.setdefault("pointer_swapped_at", []).append(time.perf_counter())
-
-    def delete(self, key):
-        t = time.perf_counter()
-        super().delete(key)
-        self._floor("delete", t)
-
-    def upload_file(self, key, path):
-        t = time.perf_counter()
-        try:
-            return super().upload_file(key, path)
-        finally:
-            self._floor("upload", t, os.path.getsize(path))
-
-    def download_file(self, key, path):
-        t = time.perf_counter()
-        super().download_file(key, path)
-        self._floor("download", t, os.path.getsize(path))
 
 
 def _event(name: str) -> dict:

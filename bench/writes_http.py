@@ -226,7 +226,7 @@ def main(argv=None) -> int:
         else:
             print(f"server peak RSS {r['server_peak_rss_mib']} MiB; ledger entries {r['ledger_entries']} "
                   f"(expected {r['ledger_entries_expected']}: replays store nothing)")
-    print(f"\n# store operations per write, in process (Service.write on a local store, fsync on)")
+    print("\n# store operations per write, in process (Service.write on a local store, fsync on)")
     print(f"{'scenario':<13} {'writes':>6} {'get':>5} {'put_if_absent':>13} {'cas':>4} {'p50 ms':>7} {'p95 ms':>7}")
     for r in in_process_part(args.in_process):
         print(f"{r['scenario']:<13} {r['writes']:>6} {r['get_per_write']:>5} {r['put_if_absent_per_write']:>13} "
