@@ -26,6 +26,7 @@ generation that still holds the records, the whole ledger is read.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -176,6 +177,9 @@ def _answer_without(answer: dict, erased_ids: set[str]) -> dict:
     return {**answer, "data": {**data, "results": results}}
 
 
+PARALLEL = 16  # store round trips in flight: an erasure of many records is latency-bound on S3
+
+
 class LedgerPurge:
     """One organization's erasures, carried out in its ledger."""
 
@@ -187,16 +191,29 @@ class LedgerPurge:
         self.purged = Purged()
 
     def carry_out(self, target: Target, db: apsw.Connection | None) -> Purged:
-        """What erasing ``target`` removed from the ledger."""
+        """What erasing ``target`` removed from the ledger. The store's
+        round trips (reads, rewrites, version purges) run ``PARALLEL`` at a
+        time; what to rewrite is decided in key order, so a claim found in
+        one entry is known to the transitions and feedback after it."""
         self.purged = Purged()
-        for key in self._candidates(target, db):
-            self._rewrite_key(key, target)
-        self._purge_runs(target)
-        for claim_id in sorted(target.claims):
-            hex_ = parse_id(claim_id, "claim")
-            if hex_ is not None:
-                self.store.purge(claim_head_key(self.org_id, hex_))
-                self.purged.claim_heads += 1
+        with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
+            self.pool = pool
+            read = list(pool.map(self._read, self._candidates(target, db)))
+            writes = []
+            for found in read:
+                if found is None:
+                    continue
+                key, etag, entry = found
+                new = rewrite(entry, target)
+                if new is not None:
+                    writes.append((key, etag, new))
+                    self._count(entry, new)
+            list(pool.map(lambda w: self._replace(*w), writes))
+            self._purge_runs(target)
+            heads = [claim_head_key(self.org_id, hex_) for hex_ in
+                     (parse_id(c, "claim") for c in sorted(target.claims)) if hex_ is not None]
+            list(pool.map(self.store.purge, heads))
+            self.purged.claim_heads += len(heads)
         return self.purged
 
     # -- where to look -----------------------------------------------------------
@@ -259,23 +276,24 @@ class LedgerPurge:
 
     # -- rewriting -------------------------------------------------------------------
 
-    def _rewrite_key(self, key: str, target: Target) -> None:
+    def _read(self, key: str) -> tuple[str, str, dict] | None:
+        """(key, ETag, entry) of a ledger key, through a moved stub to the key
+        holding the records; None when absent."""
         try:
             obj = self.store.get(key)
         except ObjectNotFound:
-            return
+            return None
         entry = json.loads(obj.body)
         if entry.get("type") == MOVED:  # a late entry: its records live under the key it names
             key = key.replace(entry["entry_id"], entry["moved_to"])
             try:
                 obj = self.store.get(key)
             except ObjectNotFound:
-                return
+                return None
             entry = json.loads(obj.body)
-        new = rewrite(entry, target)
-        if new is None:
-            return
-        self._replace(key, obj.etag, new)
+        return key, obj.etag, entry
+
+    def _count(self, entry: dict, new: dict) -> None:
         if new.get("type") == ERASED:
             self.purged.entries_stubbed += 1
             if entry.get("type") == "feedback":
@@ -307,15 +325,13 @@ class LedgerPurge:
         keys = [k for k in self.store.list_keys(ledger_prefix(self.org_id))
                 if k.endswith(RUN_SUFFIX) and tag_of(entry_hex_of(k)) == tag
                 and entry_hex_of(k) < target.limit]
-        feedback = []
-        for key in keys:
-            try:
-                obj = self.store.get(key)
-            except ObjectNotFound:
+        feedback, writes = [], []
+        for found in self.pool.map(self._read, keys):
+            if found is None:
                 continue
-            entry = json.loads(obj.body)
+            key, etag, entry = found
             if entry.get("type") == "feedback":
-                feedback.append((key, obj, entry))
+                feedback.append(found)
                 continue
             if entry.get("type") != "context_run":
                 continue
@@ -323,12 +339,13 @@ class LedgerPurge:
             subject = entry.get("scope", {}).get("subject_id")
             if (target.kind == "subject" and subject is not None and target.names(subject)) or items & target.claims:
                 target.runs.add(entry["context_id"])
-                self._replace(key, obj.etag, stub(entry, target.erasure_id))
+                writes.append((key, etag, stub(entry, target.erasure_id)))
                 self.purged.context_runs += 1
-        for key, obj, entry in feedback:  # feedback on a whole pack: it goes with its run
+        for key, etag, entry in feedback:  # feedback on a whole pack: it goes with its run
             if entry.get("context_id") in target.runs:
-                self._replace(key, obj.etag, stub(entry, target.erasure_id))
+                writes.append((key, etag, stub(entry, target.erasure_id)))
                 self.purged.feedback_entries += 1
+        list(self.pool.map(lambda w: self._replace(*w), writes))
 
 
 def _chunks(values: list, size: int) -> Iterable[list]:
