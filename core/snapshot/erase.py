@@ -23,18 +23,13 @@ segment keeps a deleted claim's terms, and the file is rewritten whole
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import apsw
 
 from core.domain import TRUST_LEVELS
+from core.erasure.records import target_sha256
 from core.lexical import LexicalChanges
-
-
-def _sha(org_id: str, target: str, target_id: str) -> str:
-    # the same hash as core.erasure.records.target_sha256 (which imports nothing of the snapshot)
-    return hashlib.sha256(f"{org_id}\n{target}\n{target_id}".encode()).hexdigest()
 
 
 @dataclass
@@ -65,7 +60,7 @@ class Erasures:
         key = (target, target_id)
         value = self._hashes.get(key)
         if value is None:
-            value = self._hashes[key] = _sha(self.org_id, target, target_id)
+            value = self._hashes[key] = target_sha256(self.org_id, target, target_id)
         return value
 
     # -- the standing rule ----------------------------------------------------
