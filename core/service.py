@@ -22,6 +22,7 @@ from core.config import Settings
 from core.errors import Conflict, Unavailable
 from core.keys import KeyRing
 from core.ledger import Ledger
+from core.observe.emf import Metrics
 from core.snapshot.build import RebuildResult, SnapshotBuilder
 from core.snapshot.publish import RebuildConflict
 from core.snapshot.reader import SnapshotReader
@@ -36,6 +37,7 @@ AUTO_REBUILD_DELAY = 0.25
 class Service:
     def __init__(self, settings: Settings, *, auto_rebuild: bool = False, store=None, embedder=None):
         self.settings = settings
+        self.metrics = Metrics.from_settings(settings)  # EMF on stdout when TITEN_METRICS=emf
         self.store = store or open_store(settings.store_url)
         self.ledger = Ledger(self.store)
         self.keys = KeyRing(self.store)
