@@ -69,9 +69,11 @@ RESULTS = ROOT / "bench" / "results" / "cold_path.json"
 BUCKET = "titen-cold-path"
 ORG = "bench"
 
+# as the template configures ApiFunction, metrics (EMF on stdout) and request lines included
 BASE_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-            "TITEN_STORE": f"s3://{BUCKET}/", "TITEN_SNAPSHOT_TTL": "5"}
+            "TITEN_STORE": f"s3://{BUCKET}/", "TITEN_SNAPSHOT_TTL": "5",
+            "TITEN_METRICS": "emf", "TITEN_METRICS_NAMESPACE": "titen/cold-path"}
 
 
 def child_env(cache_dir: str) -> dict:

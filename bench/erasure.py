@@ -118,7 +118,7 @@ def _event(name: str) -> dict:
     return json.loads((EVENTS / name).read_text())
 
 
-def lambda_path(subject_claims: int, latency_ms: float, bandwidth_mbs: float) -> dict:
+def lambda_path(n: int, subject_claims: int, latency_ms: float, bandwidth_mbs: float) -> dict:
     """Request → complete through the handlers: the local store under the S3
     model of bench.freshness (``ModelledS3``: every request at least
     ``latency_ms``, bodies at ``bandwidth_mbs``, a version purge one listing
@@ -128,7 +128,9 @@ def lambda_path(subject_claims: int, latency_ms: float, bandwidth_mbs: float) ->
 
     import core.service
 
+    built = build_org(None, n)
     work = Path(tempfile.mkdtemp(prefix="titen-erasure-lambda-", dir=ROOT / "bench"))
+    shutil.copytree(built["data_dir"], work / "store", ignore=shutil.ignore_patterns("cache", ".bench-build.*"))
     saved = {k: os.environ.get(k) for k in ("TITEN_STORE", "TITEN_CACHE_DIR", "TITEN_REBUILD_QUEUE_URL",
                                             "TITEN_SNAPSHOT_TTL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                                             "AWS_DEFAULT_REGION")}
@@ -189,7 +191,7 @@ def lambda_path(subject_claims: int, latency_ms: float, bandwidth_mbs: float) ->
             status, done = _http(api, evt, key)
             assert status == 200 and done["data"]["status"] == "complete", done
             t_done = time.perf_counter()
-            return {"ask_ms": (t_ack - t0) * 1000, "rebuild_s": t_rebuilt - t_ack,
+            return {"claims": n, "ask_ms": (t_ack - t0) * 1000, "rebuild_s": t_rebuilt - t_ack,
                     "status_ms": (t_done - t_rebuilt) * 1000, "request_to_complete_s": t_done - t_ack,
                     "counts": done["data"]["counts"]}
     finally:
@@ -223,13 +225,14 @@ def main(argv=None) -> int:
                     [(f"{n:,}", args.subject_claims, f"{r['ask_ms']:.1f}", f"{r['ordinary_rebuild_s']:.2f}",
                       f"{r['erasure_rebuild_s']:.2f}", f"{r['bytes_before'] / 1e6:.1f}",
                       f"{r['bytes_after'] / 1e6:.1f}", json.dumps(r["counts"]))])
-    lam = None
-    if not args.no_lambda:
-        lam = lambda_path(args.subject_claims, args.latency_ms, args.bandwidth_mbs)
-        print(f"Lambda path (S3 model: >= {args.latency_ms:g} ms per request, {args.bandwidth_mbs:g} MB/s; SQS moto): "
-              f"request -> complete {lam['request_to_complete_s']:.2f} s (queue hand-off and rebuild "
-              f"{lam['rebuild_s']:.2f} s, status read {lam['status_ms']:.0f} ms; the 202 itself "
-              f"{lam['ask_ms']:.0f} ms); counts {lam['counts']}")
+    lam = []
+    for n in ([] if args.no_lambda else parse_sizes(args.sizes)):
+        lam.append(lambda_path(n, args.subject_claims, args.latency_ms, args.bandwidth_mbs))
+        lam_n = lam[-1]
+        print(f"{n:,} claims, Lambda path (S3 model: >= {args.latency_ms:g} ms per request, {args.bandwidth_mbs:g} MB/s; SQS moto): "
+              f"request -> complete {lam_n['request_to_complete_s']:.2f} s (queue hand-off and rebuild "
+              f"{lam_n['rebuild_s']:.2f} s, status read {lam_n['status_ms']:.0f} ms; the 202 itself "
+              f"{lam_n['ask_ms']:.0f} ms); counts {lam_n['counts']}")
     os.makedirs(RESULTS_DIR, exist_ok=True)
     write_results(RESULTS_DIR / "erasure.json", "erasure", rows, write_latency=writes, lambda_path=lam,
                   environment=environment())

@@ -28,12 +28,23 @@ def _service(args, **kw):
     return Service(_settings(args), **kw)
 
 
+def serve_log_format(flag: str | None, settings: Settings, stderr=sys.stderr) -> str:
+    """The request lines' format: ``--log-format``, else ``TITEN_LOG_FORMAT``,
+    else text for a person at a terminal and JSON for everything else."""
+    return flag or settings.log_format or ("text" if stderr.isatty() else "json")
+
+
 def cmd_serve(args) -> int:
+    import dataclasses
+
     import uvicorn
 
     from core.api.app import create_app
+    from core.service import Service
 
-    service = _service(args, auto_rebuild=True)
+    settings = _settings(args)
+    settings = dataclasses.replace(settings, log_format=serve_log_format(args.log_format, settings))
+    service = Service(settings, auto_rebuild=True)
     for org_id in service.ledger.organizations():
         result = service.rebuild(org_id, progress=stderr_progress)
         for note in result.notes:
@@ -161,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8787)
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-format", choices=["json", "text"],
+                   help="one line per request on stderr: json, or text (the default on a terminal)")
     p.set_defaults(run=cmd_serve)
 
     p = sub.add_parser("mcp", parents=[common], help="serve the MCP tools over stdio (embedded store, or --url)")

@@ -14,6 +14,10 @@
 | TITEN_REBUILD_FUNCTION | unset | on Lambda: the rebuild function POST /v1/admin/rebuild invokes |
 | TITEN_BODY_TIMEOUT | 10 | seconds for a request body to arrive before a 408 |
 | TITEN_REBUILD_QUEUE_URL | unset | on Lambda: the SQS FIFO queue a write asks its rebuild on (core.rebuild.queue) |
+| TITEN_LOG_FORMAT | json | the request line (core.observe.request_line): json, or text for a person |
+| TITEN_METRICS | off | emf: write CloudWatch EMF metrics to stdout (core.observe.emf); the template sets it |
+| TITEN_METRICS_NAMESPACE | titen | the metrics' CloudWatch namespace (the template: titen/<stack name>) |
+| TITEN_METRICS_ORGS | unset | comma list of at most 10 organizations whose metrics also carry an Organization dimension |
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ class Settings:
     body_timeout: float = 10.0
     cache_bytes: int | None = None  # None: 75% of the cache volume (core.snapshot)
     rebuild_queue_url: str | None = None
+    log_format: str | None = None  # None: json, or what `titen serve` picks (core.cli)
+    metrics: str = "off"
+    metrics_namespace: str = "titen"
+    metrics_organizations: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, *, data_dir: str | None = None, store_url: str | None = None,
@@ -61,7 +69,32 @@ class Settings:
                    rebuild_keep_bytes=int(env.get("TITEN_REBUILD_KEEP_BYTES") or 1 << 30),
                    body_timeout=float(env.get("TITEN_BODY_TIMEOUT") or 10),
                    cache_bytes=cache_budget(env),
-                   rebuild_queue_url=env.get("TITEN_REBUILD_QUEUE_URL") or None)
+                   rebuild_queue_url=env.get("TITEN_REBUILD_QUEUE_URL") or None,
+                   log_format=choice(env, "TITEN_LOG_FORMAT", LOG_FORMATS, None),
+                   metrics=choice(env, "TITEN_METRICS", METRICS_MODES, "off"),
+                   metrics_namespace=env.get("TITEN_METRICS_NAMESPACE") or "titen",
+                   metrics_organizations=metric_organizations(env.get("TITEN_METRICS_ORGS") or ""))
+
+
+LOG_FORMATS = ("json", "text")
+METRICS_MODES = ("emf", "off")
+# Each named organization adds a dimension set to every metric: a few, not many.
+MAX_METRIC_ORGANIZATIONS = 10
+
+
+def choice(env, name: str, allowed: tuple[str, ...], default):
+    value = env.get(name) or default
+    if value is not None and value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
+    return value
+
+
+def metric_organizations(value: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(name.strip() for name in value.split(",") if name.strip()))
+    if len(names) > MAX_METRIC_ORGANIZATIONS:
+        raise ValueError(f"TITEN_METRICS_ORGS names {len(names)} organizations; at most "
+                         f"{MAX_METRIC_ORGANIZATIONS} keep the metrics' dimensions few")
+    return names
 
 
 def cache_bytes_from_ephemeral(megabytes: int) -> int:

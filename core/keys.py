@@ -23,6 +23,7 @@ from core.errors import Forbidden, NotFound, Unauthenticated, ValidationError
 from core.ids import new_id
 from core.instants import canonical, now_utc
 from core.ledger import Ledger
+from core.observe.request_line import note_organization
 from core.storage import ObjectNotFound, PreconditionFailed, Store
 from core.validation import IDENTIFIER
 
@@ -126,6 +127,7 @@ class KeyRing:
                 self._cache[digest] = (now + self.cache_seconds, principal)
         if principal is None:
             raise Unauthenticated("the API key is not valid or has been revoked")
+        note_organization(principal.org_id)  # the request line's org_id (a no-op outside a request)
         return principal
 
     def cached(self, authorization: str | None) -> Principal | None:

@@ -24,6 +24,7 @@ from core.errors import Conflict, Unavailable
 from core.ids import parse_id, tag_of
 from core.keys import KeyRing
 from core.ledger import Ledger
+from core.observe.emf import Metrics
 from core.snapshot.build import RebuildResult, SnapshotBuilder
 from core.snapshot.publish import RebuildConflict
 from core.snapshot.reader import SnapshotReader
@@ -38,6 +39,7 @@ AUTO_REBUILD_DELAY = 0.25
 class Service:
     def __init__(self, settings: Settings, *, auto_rebuild: bool = False, store=None, embedder=None):
         self.settings = settings
+        self.metrics = Metrics.from_settings(settings)  # EMF on stdout when TITEN_METRICS=emf
         self.store = store or open_store(settings.store_url)
         self.ledger = Ledger(self.store)
         self.keys = KeyRing(self.store)

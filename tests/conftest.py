@@ -61,7 +61,6 @@ def store(request, tmp_path, monkeypatch):
 # -- the service over a real local store, driven through HTTP -----------------
 
 import json as _json
-import os as _os
 
 from starlette.testclient import TestClient
 

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from conftest import ALL_SCOPES, Api
-from core.config import Settings, cache_budget, cache_bytes_from_ephemeral
+from core.config import Settings, cache_budget
 from core.snapshot.pointer import read_pointer
 from core.service import Service
 from core.storage import open_store

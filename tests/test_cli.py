@@ -1,7 +1,6 @@
 """The titen command: keys, import, rebuild, demo and serve, as a user runs them."""
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -158,3 +157,47 @@ def test_serve_makes_a_write_compile_visible_within_about_a_second(tmp_path, cap
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+class _Terminal:
+    def __init__(self, tty):
+        self.tty = tty
+
+    def isatty(self):
+        return self.tty
+
+
+@pytest.mark.parametrize("flag, env, tty, chosen", [
+    ("json", "text", True, "json"),    # the flag wins
+    (None, "json", True, "json"),      # then TITEN_LOG_FORMAT
+    (None, None, True, "text"),        # a person at a terminal
+    (None, None, False, "json"),       # a pipe, a file, a log collector
+])
+def test_serve_picks_the_request_line_format(tmp_path, flag, env, tty, chosen):
+    from core.cli import serve_log_format
+    from core.config import Settings
+    settings = Settings.from_env(data_dir=str(tmp_path), env={"TITEN_LOG_FORMAT": env} if env else {})
+    assert serve_log_format(flag, settings, _Terminal(tty)) == chosen
+
+
+def test_serve_writes_one_json_line_per_request_on_stderr(tmp_path):
+    port = _free_port()
+    err_path = tmp_path / "serve.err"
+    with open(err_path, "w") as err:
+        server = subprocess.Popen([sys.executable, "-m", "core.cli", "serve", "--port", str(port), "--log-format",
+                                   "json", "--data-dir", str(tmp_path / "store")], stderr=err,
+                                  stdout=subprocess.DEVNULL)
+        try:
+            for _ in range(100):
+                try:
+                    if _http("GET", f"http://127.0.0.1:{port}/healthz")[0] == 200:
+                        break
+                except OSError:
+                    time.sleep(0.1)
+            assert _http("GET", f"http://127.0.0.1:{port}/v1/claims/claim_x/evidence")[0] == 401
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+    lines = [json.loads(x) for x in err_path.read_text().splitlines() if x.startswith("{")]
+    assert [(x["event"], x["method"], x["route"], x["status"]) for x in lines][-2:] == [
+        ("request", "GET", "/healthz", 200), ("request", "GET", "/v1/claims/{claim_id}/evidence", 401)]

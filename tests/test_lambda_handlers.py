@@ -103,7 +103,10 @@ def rebuild_lines(capsys):
 # -- the event files ------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["healthz.json", "readyz.json", "observation.json", "observation-batch.json",
-                                  "compile.json"])
+                                  "compile.json", "consolidation.json", "claim-evidence.json",
+                                  "claim-supersede.json", "claim-revoke.json", "claim-expire.json",
+                                  "context-get.json", "context-feedback.json", "admin-rebuild.json",
+                                  "openapi-get.json"])
 def test_http_event_files_are_http_api_payload_v2_with_base64_bodies(name):
     evt = event(name)
     assert evt["version"] == "2.0" and evt["routeKey"] == "$default" and evt["isBase64Encoded"] is True

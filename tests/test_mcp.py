@@ -87,15 +87,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_for(url: str, proc: subprocess.Popen) -> None:
-    """Until the server answers /healthz (or fails with what it printed)."""
+def _wait_for(url: str, proc: subprocess.Popen, log: Path) -> None:
+    """Until the server answers /healthz (or fails with what it printed to ``log``)."""
     for _ in range(600):
         try:
             urllib.request.urlopen(url + "/healthz", timeout=1)
             return
         except OSError:
             if proc.poll() is not None:
-                raise AssertionError(proc.stderr.read().decode()) from None
+                raise AssertionError(log.read_text()) from None
             time.sleep(0.05)
     raise AssertionError(f"{url} did not start")
 
@@ -117,11 +117,14 @@ def serve(tmp_path: Path):
             "other": ring.create("globex", "mallory", ["memory:write", "admin"], [])["api_key"]}
     port = _free_port()
     env = {**os.environ, "TITEN_CACHE_DIR": str(tmp_path / "cache")}
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("titen")), "serve", "--data-dir", str(data_dir),
-                             "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # stderr to a file: a pipe nobody reads fills with request lines and stalls the server
+    log = tmp_path / "serve.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen([str(Path(sys.executable).with_name("titen")), "serve", "--data-dir",
+                                 str(data_dir), "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=err)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_for(url, proc)
+        _wait_for(url, proc, log)
         yield url, keys
     finally:
         proc.terminate()

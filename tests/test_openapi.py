@@ -126,11 +126,14 @@ def test_schemathesis_finds_no_5xx_no_undocumented_answer_and_no_forbidden_reque
     port = _free_port()
     env = {**os.environ, "TITEN_CACHE_DIR": str(tmp_path / "cache")}
     bin_dir = Path(sys.executable).parent
-    server = subprocess.Popen([str(bin_dir / "titen"), "serve", "--data-dir", str(data_dir), "--port", str(port)],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # stderr to a file: a pipe nobody reads fills with request lines and stalls the server
+    log = tmp_path / "serve.log"
+    with log.open("w") as err:
+        server = subprocess.Popen([str(bin_dir / "titen"), "serve", "--data-dir", str(data_dir), "--port",
+                                   str(port)], env=env, stdout=subprocess.DEVNULL, stderr=err)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_for(url, server)
+        _wait_for(url, server, log)
         # the document as served, run from a file so GET /openapi.json is one of the operations
         schema = tmp_path / "openapi.json"
         schema.write_bytes(urllib.request.urlopen(url + "/openapi.json", timeout=10).read())

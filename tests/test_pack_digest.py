@@ -8,7 +8,6 @@ FTS5 query on every task.
 """
 
 import hashlib
-import json
 import random
 
 import pytest

@@ -9,7 +9,7 @@ from core.errors import Unavailable
 
 from core.ids import uuid7_hex
 from core.instants import canonical, from_ms
-from core.ledger import Ledger, encode
+from core.ledger import encode
 from core.layout import entry_key
 from core.snapshot.publish import RebuildConflict
 from core.snapshot.build import SnapshotBuilder

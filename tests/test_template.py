@@ -1,5 +1,6 @@
-"""template.yaml: cfn-lint clean, the properties docs/architecture.md ("Lambda") asks for, and
-least-privilege IAM checked against what the code really does.
+"""template.yaml: cfn-lint clean, the properties docs/architecture.md ("Lambda") asks for,
+least-privilege IAM checked against what the code really does, and the alarms and dashboard
+checked against the metrics the code writes (core/observe/metrics.py).
 
 The IAM tests record every store operation the API and the rebuild perform
 on a real (local) store during a full flow and evaluate each one against the
@@ -10,6 +11,7 @@ up in the explicit "cannot" tests.
 
 import json
 import os
+import re
 import time
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -518,3 +520,158 @@ def test_failed_rebuild_requests_are_counted_from_the_api_log(template):
     # every term of the filter pattern occurs in the line the code logs
     for term in ("rebuild request for", "not sent"):
         assert f'"{term}"' in props["FilterPattern"] and term in source
+
+
+# -- operations: alarms and the dashboard ------------------------------------------------
+
+NAMESPACE = {"Fn::Sub": "titen/${AWS::StackName}"}
+ACTIONS = {"Fn::If": ["HasAlarmTopic", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]}
+
+
+def alarms(template) -> dict:
+    return {name: r["Properties"] for name, r in template["Resources"].items()
+            if r["Type"] == "AWS::CloudWatch::Alarm"}
+
+
+def alarm_metrics(props) -> list[dict]:
+    """The metrics an alarm reads: its own, or those of its metric math."""
+    if "MetricName" in props:
+        return [{"Namespace": props["Namespace"], "MetricName": props["MetricName"],
+                 "Dimensions": props.get("Dimensions", [])}]
+    return [m["MetricStat"]["Metric"] for m in props["Metrics"] if "MetricStat" in m]
+
+
+def test_the_operations_alarms_exist(template):
+    # API 5xx rate, compile p95, freshness lag, rebuild failures, dead letters, and the queue's age
+    assert set(alarms(template)) == {
+        "ApiErrorRateAlarm", "CompileLatencyAlarm", "FreshnessLagAlarm", "RebuildFailuresAlarm",
+        "RebuildDeadLetterAlarm", "RebuildQueueAgeAlarm"}
+
+
+def test_every_alarm_threshold_is_a_parameter(template):
+    for name, props in alarms(template).items():
+        threshold = props["Threshold"]
+        assert set(threshold) == {"Ref"} and threshold["Ref"] in template["Parameters"], name
+        assert template["Parameters"][threshold["Ref"]]["Type"] == "Number", name
+
+
+def test_every_alarm_notifies_the_optional_topic_and_none_without_it(template):
+    assert template["Parameters"]["AlarmTopicArn"]["Default"] == ""
+    assert template["Conditions"]["HasAlarmTopic"] == {"Fn::Not": [{"Fn::Equals": [{"Ref": "AlarmTopicArn"}, ""]}]}
+    for name, props in alarms(template).items():
+        assert props["AlarmActions"] == ACTIONS and props["OKActions"] == ACTIONS, name
+
+
+@pytest.mark.parametrize("alarm, metric, statistic", [
+    ("CompileLatencyAlarm", "CompileLatency", ("ExtendedStatistic", "p95")),
+    ("FreshnessLagAlarm", "FreshnessLag", ("Statistic", "Maximum")),
+])
+def test_alarms_on_titens_metrics_read_the_series_the_code_writes(template, alarm, metric, statistic):
+    from core.observe.metrics import ALARMED, CATALOGUE
+    props = resource(template, alarm)["Properties"]
+    assert (props["Namespace"], props["MetricName"]) == (NAMESPACE, metric)
+    assert props["Dimensions"] == [{"Name": "Service", "Value": ALARMED[metric]}]
+    assert CATALOGUE[metric][1] == ("Service",)
+    assert props[statistic[0]] == statistic[1]
+
+
+def test_the_namespace_alarms_read_is_the_one_the_functions_write(template):
+    env = template["Globals"]["Function"]["Environment"]["Variables"]
+    assert env["TITEN_METRICS"] == "emf" and env["TITEN_METRICS_NAMESPACE"] == NAMESPACE
+    assert env["TITEN_METRICS_ORGS"] == {"Ref": "MetricsOrganizations"}
+    assert template["Parameters"]["MetricsOrganizations"]["Default"] == ""  # no Organization dimension
+
+
+def test_the_api_error_rate_is_5xx_over_all_answers_of_the_http_api(template):
+    props = resource(template, "ApiErrorRateAlarm")["Properties"]
+    read = {m["Id"]: m["MetricStat"]["Metric"] for m in props["Metrics"] if "MetricStat" in m}
+    assert {i: (m["Namespace"], m["MetricName"], m["Dimensions"]) for i, m in read.items()} == {
+        "errors": ("AWS/ApiGateway", "5xx", [{"Name": "ApiId", "Value": {"Ref": "HttpApi"}}]),
+        "requests": ("AWS/ApiGateway", "Count", [{"Name": "ApiId", "Value": {"Ref": "HttpApi"}}])}
+    (returned,) = [m for m in props["Metrics"] if m.get("ReturnData")]
+    assert returned["Expression"] == "100 * FILL(errors, 0) / requests"
+
+
+def test_rebuild_failures_count_failed_organizations_and_crashed_invocations(template):
+    from core.observe.metrics import ALARMED
+    props = resource(template, "RebuildFailuresAlarm")["Properties"]
+    read = {m["Id"]: m["MetricStat"]["Metric"] for m in props["Metrics"] if "MetricStat" in m}
+    assert (read["failed"]["Namespace"], read["failed"]["MetricName"], read["failed"]["Dimensions"]) == (
+        NAMESPACE, "RebuildFailures", [{"Name": "Service", "Value": ALARMED["RebuildFailures"]}])
+    assert (read["crashed"]["Namespace"], read["crashed"]["MetricName"], read["crashed"]["Dimensions"]) == (
+        "AWS/Lambda", "Errors", [{"Name": "FunctionName", "Value": {"Ref": "RebuildFunction"}}])
+    (returned,) = [m for m in props["Metrics"] if m.get("ReturnData")]
+    assert returned["Expression"] == "FILL(failed, 0) + FILL(crashed, 0)"
+
+
+def dashboard(template) -> dict:
+    """The dashboard body as CloudFormation renders it (parameters at their defaults)."""
+    body = resource(template, "OperationsDashboard")["Properties"]["DashboardBody"]["Fn::Sub"]
+    names = set(template["Parameters"]) | set(template["Resources"])
+
+    def value(match):
+        name = match.group(1)
+        if name.startswith("AWS::"):
+            return {"AWS::StackName": "titen-prod", "AWS::Region": "us-east-1"}[name]
+        assert name.split(".")[0] in names, f"${{{name}}} names nothing in the template"
+        if name in template["Parameters"]:
+            return str(template["Parameters"][name]["Default"])
+        return f"<{name}>"
+
+    return json.loads(re.sub(r"\$\{([^}]+)\}", value, body))
+
+
+def dashboard_series(board) -> set[tuple]:
+    """(namespace, metric name, dimensions) of every series the dashboard graphs."""
+    series = set()
+    for widget in board["widgets"]:
+        for row in widget["properties"].get("metrics", []):
+            names = [x for x in row if isinstance(x, str)]
+            if names:
+                series.add((names[0], names[1], tuple(zip(names[2::2], names[3::2]))))
+            for option in (x for x in row if isinstance(x, dict) and "expression" in x):
+                found = re.search(r"\{\\?\"?([^,\"\\]+)\\?\"?,([^}]*)\} MetricName=\"(\w+)\"", option["expression"])
+                if found:
+                    series.add((found.group(1), found.group(3), tuple((d, "*") for d in found.group(2).split(","))))
+    return series
+
+
+def _rendered(value) -> str:
+    if isinstance(value, dict) and "Fn::Sub" in value:
+        return value["Fn::Sub"].replace("${AWS::StackName}", "titen-prod")
+    if isinstance(value, dict):
+        return "<" + ".".join(value.get("Fn::GetAtt") or [value["Ref"]]) + ">"
+    return value
+
+
+def test_the_dashboard_graphs_every_alarmed_series(template):
+    series = dashboard_series(dashboard(template))
+    for name, props in alarms(template).items():
+        for metric in alarm_metrics(props):
+            wanted = (_rendered(metric["Namespace"]), metric["MetricName"],
+                      tuple((d["Name"], _rendered(d["Value"])) for d in metric["Dimensions"]))
+            assert wanted in series, (name, wanted)
+
+
+def test_the_dashboard_graphs_every_metric_the_code_writes(template):
+    from core.observe.metrics import CATALOGUE
+    graphed = {(ns, metric, tuple(d for d, _ in dims)) for ns, metric, dims in dashboard_series(dashboard(template))
+               if ns == "titen/titen-prod"}
+    assert {(name, dims) for name, (_, dims) in CATALOGUE.items()} <= {(m, d) for _, m, d in graphed}
+
+
+def test_the_dashboard_shows_the_state_of_every_alarm(template):
+    (status,) = [w for w in dashboard(template)["widgets"] if w["type"] == "alarm"]
+    assert sorted(status["properties"]["alarms"]) == sorted(f"<{name}.Arn>" for name in alarms(template))
+
+
+def test_the_dashboard_annotates_each_graphed_threshold_with_its_parameters_default(template):
+    board = dashboard(template)
+    annotated = {w["properties"]["title"]: [a["value"] for a in w["properties"]["annotations"]["horizontal"]]
+                 for w in board["widgets"] if "annotations" in w.get("properties", {})}
+    params = template["Parameters"]
+    assert annotated == {
+        "API: 5xx answers (%)": [params["ApiErrorRateAlarmPercent"]["Default"]],
+        "Compile latency (ms)": [params["CompileLatencyAlarmMilliseconds"]["Default"]],
+        "Freshness lag (s): write to published": [params["FreshnessLagAlarmSeconds"]["Default"]],
+        "Rebuild failures": [params["RebuildFailuresAlarmCount"]["Default"]]}

@@ -10,6 +10,7 @@ import sys
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -19,6 +20,7 @@ from core.api.envelope import Serialized, error_response
 from core.api.evidence import claim_evidence
 from core.errors import Internal, MethodNotAllowed, NotFound, TitenError, echo
 from core.ids import new_id
+from core.observe.request_line import RequestLine
 from core.service import WRITE_ROUTES, Service
 from core.writes.idempotency import HEADER as IDEMPOTENCY_HEADER, parse_key as parse_idempotency_key
 
@@ -146,6 +148,9 @@ def create_app(service: Service) -> Starlette:
         log.exception("unhandled error [%s]", request_id)
         return error_response(Internal(f"internal error; quote request id {request_id}"), request_id)
 
-    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: crash})
+    # one line (and one metrics document) per request: core/observe/request_line.py
+    observe = Middleware(RequestLine, metrics=service.metrics, log_format=service.settings.log_format)
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: crash},
+                    middleware=[observe])
     app.state.service = service
     return app

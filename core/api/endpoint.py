@@ -18,11 +18,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from core.api.envelope import error_response, json_response, read_body, read_raw, success_body
-from core.api.mcp import PARSE_ERROR, SERVER_ERROR, McpServer, RpcError, message_id, rpc_error
+from core.api.mcp import (INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, SERVER_ERROR, TOOLS,
+                          McpServer, RpcError, message_id, rpc_error)
 from core.budget.items import dumps
 from core.errors import Internal, RequestTimeout, TitenError, Unavailable, ValidationError, echo
 from core.bodies import IDENTIFIER_MAX
 from core.ids import new_id
+from core.observe.request_line import note_error, note_rpc
 from core.snapshot.reader import DAMAGE_ERRORS
 from core.storage import StoreError
 from core.validation import parse_json_value
@@ -100,6 +102,7 @@ def mcp_endpoint(service: Service):
                 message = parse_json_value(raw)
             except ValidationError as exc:
                 raise RpcError(PARSE_ERROR, exc.message, 400) from None
+            note_rpc(message, TOOLS)  # the request line's rpc_method and tool
             # on the thread pool, like every route's work (docs/architecture.md, "Liveness")
             answer = await run_in_threadpool(
                 server.handle, message, lambda: service.keys.authenticate(request.headers.get("authorization")),
@@ -130,7 +133,14 @@ def mcp_endpoint(service: Service):
     return run
 
 
+# the request line's code for a JSON-RPC protocol error (data.code names the others)
+RPC_CODES = {PARSE_ERROR: "PARSE_ERROR", INVALID_REQUEST: "INVALID_REQUEST", METHOD_NOT_FOUND: "METHOD_NOT_FOUND",
+             INVALID_PARAMS: "INVALID_PARAMS"}
+
+
 def mcp_error(status: int, body: dict, request_id: str) -> Response:
+    error = body["error"]
+    note_error((error.get("data") or {}).get("code") or RPC_CODES.get(error["code"], "RPC_ERROR"))
     response = json_response(status, dumps(body), request_id)
     if status == 401:
         response.headers["www-authenticate"] = "Bearer"

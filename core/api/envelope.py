@@ -17,6 +17,7 @@ from starlette.responses import Response
 
 from core.budget.items import dumps
 from core.errors import PayloadTooLarge, RequestTimeout, TitenError, ValidationError
+from core.observe.request_line import note_error
 from core.validation import MAX_BODY_BYTES, parse_json_body
 
 
@@ -44,6 +45,7 @@ def success_body(data, meta: dict) -> str:
 
 
 def error_response(exc: TitenError, request_id: str) -> Response:
+    note_error(exc.code)  # the request line's code, counted in the Errors metric
     return envelope(exc.status, {"error": {"code": exc.code, "message": exc.message},
                                  "meta": {"request_id": request_id}}, request_id)
 

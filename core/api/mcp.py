@@ -41,6 +41,7 @@ from core.domain import INSTRUCTIONS
 from core.errors import Internal, TitenError, Unavailable, ValidationError
 from core.api.evidence import claim_evidence
 from core.keys import Principal
+from core.observe.request_line import note_error
 from core.budget.items import dumps
 from core.snapshot.reader import DAMAGE_ERRORS
 from core.storage import StoreError
@@ -177,6 +178,7 @@ TOOLS = {t.name: t for t in (
 
 
 def tool_error(exc: TitenError) -> dict:
+    note_error(exc.code)  # the request line's code, counted in the Errors metric
     error = {"code": exc.code, "message": exc.message}
     return {"content": [{"type": "text", "text": dumps({"error": error})}],
             "structuredContent": {"error": error}, "isError": True}

@@ -29,6 +29,7 @@ from core.errors import ValidationError
 from core.ids import subject_tag
 from core.keys import Principal
 from core.ledger import Ledger
+from core.observe.request_line import note_compile
 from core.snapshot.reader import Snapshot, SnapshotReader
 
 log = logging.getLogger("titen")
@@ -95,6 +96,11 @@ class Compiler:
             ranked = clock.lap("rank", self.rank(facts, found, principal, req.at_s))
             packed = clock.lap("pack", self.pack(catalog, scope, ranked, req))
         meta = clock.lap("record", self.record(principal, req, packed, found, len(facts), snapshot))
+        # the request line's counts (core/observe/request_line.py): numbers and states, never the task
+        note_compile(candidates=len(facts), items=len(packed.data["items"]),
+                     used_tokens=packed.data["budget"]["used_tokens"], max_tokens=req.max_tokens,
+                     vector=found.vector_state, generation=meta["generation"],
+                     generation_age_seconds=snapshot.age_seconds() if snapshot is not None else None)
         return CompileOutcome(packed.data, meta, clock.laps, packed.data_json)
 
     # -- 2. candidates ---------------------------------------------------------

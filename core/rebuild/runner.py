@@ -26,7 +26,15 @@ Each organization gets exactly one JSON line on stdout (CloudWatch Logs)::
 
     {"event": "rebuild", "org_id": "acme", "status": "published", "generation": 7,
      "published": true, "entries_applied": 12, "claim_count": 5210,
-     "seconds": 1.84, "bytes": 4194304, ...}
+     "seconds": 1.84, "bytes": 4194304, "freshness_lag_seconds": 2.31, ...}
+
+``freshness_lag_seconds`` (a publishing build only) is how long the oldest
+entry the build applied had been in the ledger when the generation was
+published: what a write waited, at worst, to become compile-visible (plus
+the readers' TTL). With ``TITEN_METRICS=emf`` every publishing build also
+writes its metrics (seconds, entries applied, bytes, freshness lag) and
+every ``failed`` line a ``RebuildFailures`` count, as EMF documents on
+stdout (core.observe.metrics).
 
 ``status`` is one of ``published``, ``unchanged``, ``covered`` (a queued
 request the serving generation already holds), ``enqueued`` (the schedule
@@ -48,6 +56,7 @@ import sys
 import time
 
 from core.keys import ORG_ID
+from core.observe.metrics import build_groups, failure_groups
 from core.rebuild.backlog import backlog
 from core.rebuild.queue import RebuildRequestInvalid, parse_request, serve_request
 from core.snapshot.pointer import read_pointer
@@ -89,7 +98,12 @@ class RebuildRunner:
 
     def __init__(self, service, emit=print_line):
         self.service = service
-        self.emit = emit
+        self._print = emit
+
+    def emit(self, line: dict) -> None:
+        """One organization's line, and the metrics of a failure."""
+        self._print(line)
+        self.service.metrics.emit(failure_groups(line), org_id=line.get("org_id"))
 
     def handle(self, event, context=None) -> dict:
         if _is_sqs(event):
@@ -147,11 +161,16 @@ class RebuildRunner:
             return {**line, "status": "failed", "published": False, "entries_applied": 0,
                     "generation": None, "seconds": round(time.monotonic() - started, 3), "bytes": None,
                     "error": f"{type(exc).__name__}: {exc}"}
-        return {**line, "status": "published" if result.published else "unchanged",
+        line = {**line, "status": "published" if result.published else "unchanged",
                 "published": result.published, "generation": result.generation,
                 "entries_applied": result.entries_applied, "claim_count": result.claim_count,
                 "content_hash": result.content_hash, "snapshot_key": result.snapshot_key,
                 "seconds": round(result.seconds, 3), "bytes": result.snapshot_bytes}
+        if result.published and result.oldest_applied_ms is not None:
+            line["freshness_lag_seconds"] = round(max(0.0, time.time() - result.oldest_applied_ms / 1000), 3)
+        # every build's own metrics (a queued request may take two builds: core/rebuild/queue.py)
+        self.service.metrics.emit(build_groups(line), org_id=org_id)
+        return line
 
     def consume(self, event, context) -> dict:
         """An SQS batch: one rebuild per organization; the failed ones' messages retried."""

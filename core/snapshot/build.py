@@ -46,7 +46,7 @@ from core.checksum import file_sha256
 from core.ids import uuid7_floor_hex, uuid7_ms
 from core.instants import canonical, now_utc
 from core.layout import RUN_SUFFIX, entry_hex_of, ledger_prefix
-from core.ledger import Ledger
+from core.ledger import MOVED, Ledger
 from core.lexical import LexicalChanges, priced_here, recorded_fingerprint, update_lexical_index
 from core.meta_table import read_meta, write_meta
 from core.erasure.work import ErasureWork
@@ -78,6 +78,9 @@ class RebuildResult:
     # what the build started from when that was not the published generation
     # (e.g. "previous generation 8 fails its sha256: built from the ledger")
     notes: tuple[str, ...] = ()
+    # when the oldest ledger entry this build applied was stored (UUIDv7 ms;
+    # None: none applied): the rebuild's freshness lag is publish − this
+    oldest_applied_ms: int | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -115,12 +118,14 @@ class SnapshotBuilder:
         self.notes: list[str] = []  # why the last build did not start from the published generation
         self.erasure_work = ErasureWork(store, org_id, self.skew_ms, self.progress)
         self.erasures: Erasures | None = None  # the erasures the last build applied and enforced
+        self.oldest_applied_ms: int | None = None  # the last build's oldest applied entry (RebuildResult)
 
     def rebuild(self, *, from_scratch: bool = False, force: bool = False) -> RebuildResult:
         started = time.monotonic()
         if housekeeping.due(self.store, self.org_id):
             self.housekeeping = housekeeping.sweep(self.store, self.org_id)
         self.notes = []
+        self.oldest_applied_ms = None
         pointer, etag = read_pointer(self.store, self.org_id)
         if pointer is not None and pointer.get("erasures"):
             # a build that published an erasure and stopped before marking it complete
@@ -149,7 +154,8 @@ class SnapshotBuilder:
             if erased:
                 self.erasure_work.complete(erased)
             return RebuildResult(self.org_id, generation, True, applied, fields["content_hash"],
-                                 fields["claim_count"], size, time.monotonic() - started, key, tuple(self.notes))
+                                 fields["claim_count"], size, time.monotonic() - started, key, tuple(self.notes),
+                                 oldest_applied_ms=self.oldest_applied_ms)
         finally:
             for suffix in ("", "-journal", "-wal", "-shm"):
                 try:
@@ -302,6 +308,10 @@ class SnapshotBuilder:
                 apply_entry(db, entry, touched, self.erasures, lexical)
                 db.execute("INSERT INTO applied(entry_key) VALUES(?)", (key,))
                 applied += 1
+                if self.oldest_applied_ms is None and entry.get("type") != MOVED:
+                    # keys are listed oldest first; a moved stub's id is when its
+                    # write began, not when the ledger accepted it
+                    self.oldest_applied_ms = uuid7_ms(entry_hex_of(key))
                 if time.monotonic() - last_report > 2:
                     last_report = time.monotonic()
                     self.progress(f"{self.org_id}: applied {applied}/{len(keys)} entries")

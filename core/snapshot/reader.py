@@ -38,6 +38,7 @@ from core.errors import Unavailable
 from core.instants import canonical, now_utc
 from core.layout import pointer_key
 from core.meta_table import all_meta
+from core.observe.request_line import note_refresh_failure
 from core.snapshot.generation import DAMAGE_ERRORS, Snapshot, open_readonly
 from core.snapshot.schema import SCHEMA_VERSION
 from core.storage import ObjectNotFound, Store
@@ -158,6 +159,7 @@ class SnapshotReader:
                 return None  # no generation published yet: nothing to serve
             except Exception as exc:  # the store is unreachable: keep serving
                 state.last_error = f"{POINTER_READ_FAILED}: {type(exc).__name__}"
+                note_refresh_failure()  # the RefreshFailures metric (core/observe/metrics.py)
                 return state.snapshot
             state.published = True
             if state.last_error and state.last_error.startswith(POINTER_READ_FAILED):
@@ -173,9 +175,11 @@ class SnapshotReader:
                                "publishes a verified one")
                 state.last_error, state.refused_etag = f"{exc}; {served}", obj.etag
                 state.refusal = None if isinstance(exc, SnapshotTooLarge) else str(exc)
+                note_refresh_failure()
                 return state.snapshot
             except Exception as exc:
                 state.last_error = f"loading the new generation failed: {type(exc).__name__}"
+                note_refresh_failure()
                 return state.snapshot
             old, state.snapshot, state.etag, state.last_error = state.snapshot, snapshot, obj.etag, None
             state.refusal = None
