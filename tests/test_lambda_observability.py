@@ -120,11 +120,16 @@ def every_route(lam, capsys) -> dict:
     answers["expire"] = invoke(lam, routed("claim-expire.json", key, claim_id=claim_3))
     for name in ("mcp-initialize.json", "mcp-tools-list.json", "mcp-compile.json", "mcp-get.json"):
         answers[name] = invoke(lam, routed(name, key))
+    batch_obs = next(r["data"]["observation_id"] for r in batch["body"]["data"]["results"] if "data" in r)
+    answers["erase_observation"] = invoke(lam, routed("erase-observation.json", key, observation_id=batch_obs))
+    answers["erase_subject"] = erased = invoke(lam, routed("erase-subject.json", key))
+    answers["erasure"] = invoke(lam, routed("erasure-status.json", key, erasure_id=erased["body"]["data"]["erasure_id"]))
     unmatched = routed("healthz.json", key)
     unmatched["rawPath"] = unmatched["requestContext"]["http"]["path"] = UNMATCHED_PATH
     answers["unmatched"] = invoke(lam, unmatched)
     out, err = capsys.readouterr()
-    ids = {context_id, claim_1, claim_2, claim_3, obs["body"]["data"]["observation_id"]}
+    ids = {context_id, claim_1, claim_2, claim_3, obs["body"]["data"]["observation_id"], batch_obs,
+           erased["body"]["data"]["erasure_id"]}
     return {"answers": answers, "out": out, "err": err, "ids": ids}
 
 
@@ -148,7 +153,8 @@ def test_every_event_was_answered_as_the_route_documents(served):
                         "consolidation": 201, "admin_rebuild": 200, "compile": 200, "context": 200, "feedback": 201,
                         "evidence": 200, "supersede": 201, "revoke": 200, "expire": 200,
                         "mcp-initialize.json": 200, "mcp-tools-list.json": 200, "mcp-compile.json": 200,
-                        "mcp-get.json": 405, "unmatched": 404}
+                        "mcp-get.json": 405, "erase_observation": 202, "erase_subject": 202, "erasure": 200,
+                        "unmatched": 404}
 
 
 def test_every_route_of_the_app_has_its_line_under_its_template(served):

@@ -496,7 +496,7 @@ def test_an_erasure_asked_through_the_api_is_carried_out_by_the_queued_rebuild(l
     evt["headers"]["authorization"] = f"Bearer {lam.key}"
     for field in (evt, evt["requestContext"]["http"]):
         key = "rawPath" if field is evt else "path"
-        field[key] = field[key].replace("era_REPLACE_WITH_ERASURE_HEX", erasure_id)
+        field[key] = field[key].replace("REPLACE_WITH_ERASURE_ID", erasure_id)
     status = lam.api.handler(evt, LambdaContext())
     assert status["statusCode"] == 200
     done = json.loads(status["body"])["data"]
