@@ -48,7 +48,8 @@ class Ledger:
         self.store = store
 
     def append(self, org_id: str, entry_type: str, payload: dict, *, actor: str,
-               entry_hex: str | None = None, suffix: str = ENTRY_SUFFIX, serialized: dict[str, str] | None = None) -> dict:
+               entry_hex: str | None = None, suffix: str = ENTRY_SUFFIX,
+               serialized: dict[str, str] | None = None) -> dict:
         """Durably store one entry; returns it (with ``entry_id``, ``recorded_at``).
 
         ``serialized``: fields whose values are already JSON text in this

@@ -269,7 +269,8 @@ class LedgerPurge:
         entries.update(e for _, e in claims)
         for chunk in _chunks(claim_ids, 500):
             marks = ",".join("?" * len(chunk))
-            entries.update(e for e, in db.execute(f"SELECT entry_id FROM transitions WHERE claim_id IN ({marks})", chunk))
+            entries.update(e for e, in db.execute(
+                f"SELECT entry_id FROM transitions WHERE claim_id IN ({marks})", chunk))
             entries.update(entry_of(f[len("fb_"):]) for f, in db.execute(
                 f"SELECT feedback_id FROM feedback WHERE claim_id IN ({marks})", chunk))
         return entries

@@ -221,7 +221,8 @@ class SnapshotBuilder:
         if self.erasures.applied:
             self.progress(f"{self.org_id}: rewriting the file whole after erasures")
             db.execute("VACUUM")  # no free page keeps a deleted row
-            fields["erasures"] = {erasure_id: erased.as_counts() for erasure_id, erased in self.erasures.applied.items()}
+            fields["erasures"] = {erasure_id: erased.as_counts()
+                                  for erasure_id, erased in self.erasures.applied.items()}
         # the last ledger entry applied, and when the ledger was listed:
         # enough to tell, without the snapshot, whether anything is new
         fields.update(watermark=read_meta(db, "watermark") or "", ledger_listed_at=listed_at)

@@ -103,7 +103,8 @@ class Erasures:
         db = self.db
         self.erased = self.applied.setdefault(erasure_id, Erased())
         if target == "subject":
-            subjects = {s for s, in db.execute("SELECT subject_id FROM observations UNION SELECT subject_id FROM claims")}
+            subjects = {s for s, in db.execute(
+                "SELECT subject_id FROM observations UNION SELECT subject_id FROM claims")}
             matched = [s for s in subjects if self._hash("subject", s) == sha]
             for subject_id in matched:
                 for claim_id, in db.execute("SELECT claim_id FROM claims WHERE subject_id = ? AND claim_id < ?",
