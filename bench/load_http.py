@@ -7,7 +7,7 @@ write is compile-visible.
 
 A fresh store in ``bench/.data/load-http/`` (wiped first), a key with
 ``memory:write``, ``admin`` and ``context:compile``, and ``titen serve`` on
-loopback (``bench.common.Served``; its in-process rebuild a quarter of a
+loopback (``bench.common.Served``; its rebuild process, a quarter of a
 second after writes runs as in local mode, during the load). The first
 ``--claims`` lines of the reference corpus are dealt to ``--clients`` client
 processes in contiguous blocks (client k: lines ``k*N//C`` up to

@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.writes_http --clients 4 --singles 2000 --batches 80
 
 Part 1, over HTTP. A fresh store in ``bench/.data/writes``, a key with
-``memory:write``, ``titen serve`` (uvicorn, loopback; its in-process rebuild
+``memory:write``, ``titen serve`` (uvicorn, loopback; its rebuild process
 after writes runs as in local mode). ``--clients`` threads, each with its
 own keep-alive ``http.client.HTTPConnection``, send (``single`` and
 ``single+key`` alternating in ``--rounds`` rounds, then ``replay``, then

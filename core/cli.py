@@ -55,11 +55,17 @@ def cmd_serve(args) -> int:
         else:
             print(f"serving {org_id} generation {snapshot.generation} ({snapshot.claim_count} claims)",
                   file=sys.stderr)
-    print(f"titen listening on http://{args.host}:{args.port} (store {service.store.url})", file=sys.stderr)
     from core.api.edge import SERVER_SETTINGS, EnvelopeHttpToolsProtocol
+    from core.rebuild.worker import RebuildWorker
 
-    uvicorn.run(create_app(service), host=args.host, port=args.port, log_level=args.log_level,
-                access_log=args.log_level == "debug", http=EnvelopeHttpToolsProtocol, **SERVER_SETTINGS)
+    service.rebuild_worker = RebuildWorker(settings)
+    service.rebuild_worker.start()
+    print(f"titen listening on http://{args.host}:{args.port} (store {service.store.url})", file=sys.stderr)
+    try:
+        uvicorn.run(create_app(service), host=args.host, port=args.port, log_level=args.log_level,
+                    access_log=args.log_level == "debug", http=EnvelopeHttpToolsProtocol, **SERVER_SETTINGS)
+    finally:
+        service.rebuild_worker.close()
     return 0
 
 

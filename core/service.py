@@ -65,6 +65,9 @@ class Service:
         self.reader = SnapshotReader(self.store, settings.cache_dir, settings.snapshot_ttl, settings.max_orgs,
                                      on_open=on_open, max_bytes=settings.cache_bytes)
         self.auto_rebuild = auto_rebuild
+        # `titen serve` builds in a child process (core.rebuild.worker); a
+        # rebuild asked with progress output still runs here, where it prints
+        self.rebuild_worker = None
         self.rebuild_queue = None
         if settings.rebuild_queue_url and not auto_rebuild:
             from core.rebuild.queue import RebuildQueue
@@ -113,8 +116,10 @@ class Service:
         with self._rebuild_lock(org_id):
             for attempt in range(2):
                 try:
-                    result = self.builder(org_id, progress).rebuild(from_scratch=from_scratch or bool(repair),
-                                                                    force=force)
+                    scratch = from_scratch or bool(repair)
+                    result = (self.rebuild_worker.rebuild(org_id, from_scratch=scratch, force=force)
+                              if self.rebuild_worker is not None and progress is None
+                              else self.builder(org_id, progress).rebuild(from_scratch=scratch, force=force))
                     break
                 except RebuildConflict:
                     if attempt:
