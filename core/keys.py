@@ -142,6 +142,8 @@ class KeyRing:
             hit = self._cache.get(key_hash(token))
         if hit is None or hit[0] <= time.monotonic():
             return None
+        if hit[1] is not None:
+            note_organization(hit[1].org_id)  # the request line's org_id, as authenticate notes it
         return hit[1]
 
     def _load(self, digest: str) -> Principal | None:

@@ -120,6 +120,14 @@ def test_a_compile_line_carries_compiles_counts_and_states(api, capsys):
     assert line["items"] == 1 and 0 <= line["generation_age_seconds"] < 60
 
 
+def test_a_compile_with_a_key_seen_before_names_its_organization(api, capsys):
+    key, _ = published(api)  # the key is in the key ring's cache from here on
+    capsys.readouterr()
+    api.compile(key, "must the deploy smoke pass before release")
+    (line,) = lines(capsys)
+    assert line["org_id"] == "acme"
+
+
 def test_an_mcp_line_names_the_method_and_the_tool_and_counts_its_compile(api, capsys):
     key, _ = published(api)
     capsys.readouterr()
