@@ -613,20 +613,50 @@ class ModelledS3(LocalStore):
 
 # -- titen serve as a subprocess --------------------------------------------------------
 
+def workers_args(workers: int | None) -> list[str]:
+    """``titen serve`` arguments for ``--workers`` (None: its default)."""
+    return [] if workers is None else ["--workers", str(workers)]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+def _process_tree(pid: int) -> list[int]:
+    pids, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        pids.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except FileNotFoundError:
+            pass
+    return pids
+
+
 def rss_mib(pid: int) -> dict:
-    """``VmHWM`` (peak) and ``VmRSS`` of a process, in MiB."""
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(("VmHWM:", "VmRSS:")):
-                key, value = line.split(":", 1)
-                out[key] = round(int(value.split()[0]) / 1024, 1)  # kB -> MiB
+    """Memory of ``titen serve`` in MiB: its supervisor and every process it
+    started (server processes, multiprocessing's resource tracker), summed:
+    ``VmHWM`` (the sum of each process's peak) and ``VmRSS``; and the largest
+    single peak (``VmHWM_max``, a server process) and the process count."""
+    out = {"VmHWM": 0.0, "VmRSS": 0.0, "VmHWM_max": 0.0, "processes": 0}
+    for p in _process_tree(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith(("VmHWM:", "VmRSS:")):
+                        key, value = line.split(":", 1)
+                        mib = int(value.split()[0]) / 1024  # kB -> MiB
+                        out[key] = round(out[key] + mib, 1)
+                        if key == "VmHWM":
+                            out["VmHWM_max"] = round(max(out["VmHWM_max"], mib), 1)
+        except FileNotFoundError:
+            continue
+        out["processes"] += 1
     return out
 
 

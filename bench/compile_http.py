@@ -122,7 +122,7 @@ def run_concurrent(port: int, api_key: str, workload: dict, clients: int) -> dic
             "wall_s": round(wall, 3), "requests_per_s": round(len(samples) / wall, 1), **common.summary_ms(samples)}
 
 
-def run_size(n: int, workload: dict, levels: list[int], *, progress=common.log) -> dict:
+def run_size(n: int, workload: dict, levels: list[int], *, progress=common.log, workers: int | None = None) -> dict:
     build = common.build_org(None, n, progress=progress)
     directory = Path(build["data_dir"])
     cache = directory / "cache"
@@ -135,7 +135,7 @@ def run_size(n: int, workload: dict, levels: list[int], *, progress=common.log) 
     t_start = time.monotonic()
     levels_out: dict[str, dict] = {}
     c1: dict = {}
-    with common.Served(directory, start_timeout=600) as served:
+    with common.Served(directory, start_timeout=600, extra_args=common.workers_args(workers)) as served:
         served.wait_ready()
         startup_s = time.monotonic() - t_start
         progress(f"http n={n}: server pid {served.pid} ready on :{served.port} after {startup_s:.1f}s")
@@ -198,6 +198,7 @@ def run_size(n: int, workload: dict, levels: list[int], *, progress=common.log) 
         "fts_candidates": fts_summary,
         "candidate_step": common.summary_ms(step),
         "concurrency": levels_out,
+        "workers": workers,
         "loadavg": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after]},
         "reference_ts_http": common.REFERENCE.get(n),
         "target_p95_ms": TARGET_P95_MS.get(n),
@@ -208,7 +209,9 @@ def run_size(n: int, workload: dict, levels: list[int], *, progress=common.log) 
             "compile_http": {**compile_summary, "mean_items": round(statistics.fmean(c1["items"]), 2),
                              "mean_candidates": round(statistics.fmean(c1["candidates"]), 2),
                              "min_candidates": min(c1["candidates"]), "generation": c1["generation"]},
-            "server_memory_mib": {"peak_rss": c1["memory"].get("VmHWM"), "rss_at_end": c1["memory"].get("VmRSS")},
+            "server_memory_mib": {"peak_rss": c1["memory"].get("VmHWM"), "rss_at_end": c1["memory"].get("VmRSS"),
+                                  "largest_process_peak": c1["memory"].get("VmHWM_max"),
+                                  "processes": c1["memory"].get("processes")},
             "ratio_p95_http_to_fts": round(compile_summary["p95_ms"] / fts_summary["p95_ms"], 2),
         })
     return result
@@ -319,6 +322,8 @@ def main(argv=None) -> int:
     parser.add_argument("--concurrency", default="1",
                         help="comma list of client counts, each run on the same server per size (default 1)")
     parser.add_argument("--out", default=str(RESULTS_FILE))
+    parser.add_argument("--workers", type=int, default=None,
+                        help="titen serve --workers (default: titen serve's own, the CPU count up to 4)")
     args = parser.parse_args(argv)
     sizes = common.parse_sizes(args.sizes) if args.sizes else default_sizes()
     levels = common.parse_sizes(args.concurrency)
@@ -326,7 +331,7 @@ def main(argv=None) -> int:
         parser.error("--concurrency: one or more client counts >= 1")
     workload = common.load_workload()
     start = os.getloadavg()
-    results = [run_size(n, workload, levels) for n in sizes]
+    results = [run_size(n, workload, levels, workers=args.workers) for n in sizes]
     print_tables(results)
     print(f"load average (1/5/15 min) before {tuple(round(x, 2) for x in start)}, "
           f"after {tuple(round(x, 2) for x in os.getloadavg())}")

@@ -158,7 +158,7 @@ def run(args, visibility: str, progress=common.log) -> dict:
     subject = common.load_workload()["subject_id"]
     n, c = args.claims, args.clients
     load_before = common.loadavg()
-    with common.Served(directory) as served:
+    with common.Served(directory, extra_args=common.workers_args(args.workers)) as served:
         per_client = [(served.port, key, subject, k * n // c, (k + 1) * n // c, args.group) for k in range(c)]
         progress(f"load-http ({visibility}): {n:,} claims, {c} client processes, server pid {served.pid}")
         outs = common.run_clients(client, per_client)
@@ -191,7 +191,7 @@ def run(args, visibility: str, progress=common.log) -> dict:
         routes[route] = common.summary_ms(samples) if samples else {"n": 0}
     return {
         "key": f"claims={n},clients={c},visibility={visibility}",
-        "claims": n, "clients": c, "group": args.group, "visibility": visibility, "measured_at": common.now(),
+        "claims": n, "clients": c, "group": args.group, "visibility": visibility, "workers": args.workers, "measured_at": common.now(),
         "claims_accepted": accepted, "observations_sent": sum(o["observations"] for o in outs),
         "requests": requests, "errors": len(errors), "first_errors": errors[:5],
         "wall_s": round(wall, 3), "claims_per_s": round(accepted / wall, 1),
@@ -201,7 +201,8 @@ def run(args, visibility: str, progress=common.log) -> dict:
         "parent_received_after_last_answer_s": round(received - t_last, 3),
         "visible": {**seen, "last_claim_found_by_compile": found},
         "forced_rebuild": forced,
-        "server_memory_mib": {"peak_rss": memory.get("VmHWM"), "rss_at_end": memory.get("VmRSS")},
+        "server_memory_mib": {"peak_rss": memory.get("VmHWM"), "rss_at_end": memory.get("VmRSS"),
+                              "largest_process_peak": memory.get("VmHWM_max"), "processes": memory.get("processes")},
         "loadavg": {"before": load_before, "after": common.loadavg()},
     }
 
@@ -247,6 +248,8 @@ def main(argv=None) -> int:
                         help="how the last write is made visible: wait for the server's own rebuild (poll), "
                              "POST /v1/admin/rebuild (force), or one load run each (both, the default)")
     parser.add_argument("--out", default=str(RESULTS_FILE))
+    parser.add_argument("--workers", type=int, default=None,
+                        help="titen serve --workers (default: titen serve's own, the CPU count up to 4)")
     args = parser.parse_args(argv)
     if not 1 <= args.group <= 50:
         parser.error("--group: 1 to 50 (a consolidation carries at most 50 claims)")

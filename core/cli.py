@@ -28,6 +28,14 @@ def _service(args, **kw):
     return Service(_settings(args), **kw)
 
 
+def default_workers() -> int:
+    """One server process per core, up to 4: each holds its own generations
+    and tokenizer (~80 MiB at 10k claims)."""
+    import os
+
+    return max(1, min(4, os.cpu_count() or 1))
+
+
 def serve_log_format(flag: str | None, settings: Settings, stderr=sys.stderr) -> str:
     """The request lines' format: ``--log-format``, else ``TITEN_LOG_FORMAT``,
     else text for a person at a terminal and JSON for everything else."""
@@ -37,35 +45,28 @@ def serve_log_format(flag: str | None, settings: Settings, stderr=sys.stderr) ->
 def cmd_serve(args) -> int:
     import dataclasses
 
-    import uvicorn
-
-    from core.api.app import create_app
     from core.service import Service
+    from core.serving import serve
 
     settings = _settings(args)
     settings = dataclasses.replace(settings, log_format=serve_log_format(args.log_format, settings))
-    service = Service(settings, auto_rebuild=True)
+    if args.workers < 1:
+        print("titen: --workers must be at least 1", file=sys.stderr)
+        return 2
+    # this process builds (at start, then for every server: core.serving) and serves nothing
+    service = Service(settings, auto_rebuild=True, serves=False)
     for org_id in service.ledger.organizations():
         result = service.rebuild(org_id, progress=stderr_progress)
         for note in result.notes:
             print(f"{org_id}: {note}", file=sys.stderr)
-        snapshot, reason = service.reader.check(org_id)
+        snapshot, reason = service.reader.check(org_id)  # verified here as a server will
         if snapshot is None:  # say what is served, not what was built
             print(f"NOT serving {org_id}: {reason or 'no generation published'}", file=sys.stderr)
         else:
             print(f"serving {org_id} generation {snapshot.generation} ({snapshot.claim_count} claims)",
                   file=sys.stderr)
-    from core.api.edge import SERVER_SETTINGS, EnvelopeHttpToolsProtocol
-    from core.rebuild.worker import RebuildWorker
-
-    service.rebuild_worker = RebuildWorker(settings)
-    service.rebuild_worker.start()
-    print(f"titen listening on http://{args.host}:{args.port} (store {service.store.url})", file=sys.stderr)
-    try:
-        uvicorn.run(create_app(service), host=args.host, port=args.port, log_level=args.log_level,
-                    access_log=args.log_level == "debug", http=EnvelopeHttpToolsProtocol, **SERVER_SETTINGS)
-    finally:
-        service.rebuild_worker.close()
+    service.reader.release()
+    serve(service, host=args.host, port=args.port, workers=args.workers, log_level=args.log_level)
     return 0
 
 
@@ -174,9 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--store", help="store URL: file://DIR or s3://bucket/prefix (default $TITEN_STORE)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("serve", parents=[common], help="run the HTTP API (rebuilds in-process after writes)")
+    p = sub.add_parser("serve", parents=[common],
+                       help="run the HTTP API (server processes; this one rebuilds after writes)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8787)
+    p.add_argument("--workers", type=int, default=default_workers(),
+                   help="server processes behind the port (default: the CPU count, at most 4)")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", choices=["json", "text"],
                    help="one line per request on stderr: json, or text (the default on a terminal)")

@@ -37,7 +37,13 @@ AUTO_REBUILD_DELAY = 0.25
 
 
 class Service:
-    def __init__(self, settings: Settings, *, auto_rebuild: bool = False, store=None, embedder=None):
+    def __init__(self, settings: Settings, *, auto_rebuild: bool = False, store=None, embedder=None,
+                 rebuilds=None, serves: bool = True, on_publish=None, bell=None):
+        """``rebuilds``: a server process of ``titen serve`` asks its
+        supervisor for every rebuild (``core.rebuild.host``); ``serves``
+        False: the supervisor itself, which builds but serves nothing;
+        ``on_publish(result)`` after each published generation; ``bell``:
+        the supervisor's publish counter this reader looks at per request."""
         self.settings = settings
         self.metrics = Metrics.from_settings(settings)  # EMF on stdout when TITEN_METRICS=emf
         self.store = store or open_store(settings.store_url)
@@ -63,16 +69,17 @@ class Service:
                     logging.getLogger("titen").exception("loading sqlite-vec failed")
         self.vector_state = "used" if self.vectors is not None else "disabled"
         self.reader = SnapshotReader(self.store, settings.cache_dir, settings.snapshot_ttl, settings.max_orgs,
-                                     on_open=on_open, max_bytes=settings.cache_bytes)
+                                     on_open=on_open, max_bytes=settings.cache_bytes, bell=bell)
         self.auto_rebuild = auto_rebuild
-        # `titen serve` builds in a child process (core.rebuild.worker); a
-        # rebuild asked with progress output still runs here, where it prints
-        self.rebuild_worker = None
+        self.rebuilds = rebuilds
+        self.serves = serves
+        self.on_publish = on_publish
         self.rebuild_queue = None
         if settings.rebuild_queue_url and not auto_rebuild:
             from core.rebuild.queue import RebuildQueue
             self.rebuild_queue = RebuildQueue(settings.rebuild_queue_url)
-        on_write = (self._schedule_rebuild if auto_rebuild
+        on_write = (rebuilds.request if rebuilds is not None
+                    else self.schedule_rebuild if auto_rebuild
                     else self.rebuild_queue.request if self.rebuild_queue else None)
         self.writes = Writes(self.store, self.reader, on_write)
         self.compiler = Compiler(self.ledger, self.reader, self.vector_state, self.vectors)
@@ -114,17 +121,12 @@ class Service:
             result = self._rebuild_remotely(org_id, from_scratch or bool(repair))
             return dataclasses.replace(result, notes=note + result.notes)
         with self._rebuild_lock(org_id):
-            for attempt in range(2):
-                try:
-                    scratch = from_scratch or bool(repair)
-                    result = (self.rebuild_worker.rebuild(org_id, from_scratch=scratch, force=force)
-                              if self.rebuild_worker is not None and progress is None
-                              else self.builder(org_id, progress).rebuild(from_scratch=scratch, force=force))
-                    break
-                except RebuildConflict:
-                    if attempt:
-                        raise Conflict("another rebuild of this organization published first; retry") from None
-            self.reader.refresh(org_id, force=True)
+            if self.rebuilds is not None:
+                result = self.rebuilds.rebuild(org_id, from_scratch=from_scratch or bool(repair), force=force)
+            else:
+                result = self._build_here(org_id, from_scratch or bool(repair), force, progress)
+            if self.serves:
+                self.reader.refresh(org_id, force=True)
         if not repair and self.reader.needs_repair(org_id):
             # serving it showed the published generation damaged (e.g. a build
             # that started from this machine's intact kept copy): repair now
@@ -176,7 +178,19 @@ class Service:
                              line.get("content_hash", ""), line.get("claim_count", 0), line.get("bytes", 0),
                              line.get("seconds", 0.0), line.get("snapshot_key"))
 
-    def _schedule_rebuild(self, org_id: str) -> None:
+    def _build_here(self, org_id: str, from_scratch: bool, force: bool, progress) -> RebuildResult:
+        for attempt in range(2):
+            try:
+                result = self.builder(org_id, progress).rebuild(from_scratch=from_scratch, force=force)
+                break
+            except RebuildConflict:
+                if attempt:
+                    raise Conflict("another rebuild of this organization published first; retry") from None
+        if result.published and self.on_publish is not None:
+            self.on_publish(result)
+        return result
+
+    def schedule_rebuild(self, org_id: str) -> None:
         """A rebuild of the organization ``AUTO_REBUILD_DELAY`` after a write.
         At most one waits per organization: a write while one is pending is
         folded into it (that rebuild lists the ledger after the write was

@@ -220,7 +220,7 @@ def test_without_a_queue_url_nothing_is_sent_and_titen_serve_keeps_its_in_proces
     local = Service(Settings.from_env(data_dir=str(tmp_path / "b"),
                                       env={"TITEN_REBUILD_QUEUE_URL": "https://sqs.invalid/q.fifo"}),
                     auto_rebuild=True)
-    assert local.rebuild_queue is None and local.writes.on_write == local._schedule_rebuild
+    assert local.rebuild_queue is None and local.writes.on_write == local.schedule_rebuild
 
 
 # -- the rebuild function consumes the queue ------------------------------------------

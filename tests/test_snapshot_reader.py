@@ -294,3 +294,37 @@ def test_retired_generations_release_their_connections(tmp_path):
 
     open_on_cache = [c for c in gc.get_objects() if isinstance(c, apsw.Connection) and on_cache(c)]
     assert len(open_on_cache) <= 2, len(open_on_cache)
+
+
+def test_a_request_during_the_first_load_waits_for_it_rather_than_answering_unavailable(store, tmp_path,
+                                                                                       monkeypatch):
+    """Two requests reach a cold reader together (a freshly started server
+    process): the second must get the generation the first is fetching."""
+    import threading
+
+    observe(store, "The staging cluster runs Postgres 16")
+    publish(store, tmp_path)
+    reader = SnapshotReader(store, str(tmp_path / "cache"), ttl_seconds=3600)
+    fetching, release = threading.Event(), threading.Event()
+    download = store.download_file
+
+    def slow_download(key, path):
+        fetching.set()
+        release.wait(30)
+        download(key, path)
+
+    monkeypatch.setattr(store, "download_file", slow_download)
+    first = {}
+    loader = threading.Thread(target=lambda: first.setdefault("snapshot", reader.current(ORG)))
+    loader.start()
+    assert fetching.wait(30)
+    second = {}
+    waiter = threading.Thread(target=lambda: second.setdefault("answer", reader.check(ORG)))
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive()  # waiting for the load, not answering "no generation verified yet"
+    release.set()
+    loader.join(30)
+    waiter.join(30)
+    snapshot, reason = second["answer"]
+    assert reason is None and snapshot is first["snapshot"] and snapshot.claim_count == 1

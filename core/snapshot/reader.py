@@ -71,8 +71,13 @@ class _OrgState:
 
 class SnapshotReader:
     def __init__(self, store: Store, cache_dir: str, ttl_seconds: float = 5.0,
-                 max_organizations: int = 16, on_open=None, max_bytes: int | None = None):
+                 max_organizations: int = 16, on_open=None, max_bytes: int | None = None, bell=None):
         self.store = store
+        # titen serve's supervisor counts its publishes in shared memory
+        # (core.rebuild.host): a new count makes the next check of every
+        # organization due now, whatever its TTL
+        self.bell = bell
+        self._rung = bell.value if bell is not None else 0
         self.on_open = on_open
         self.cache_dir = cache_dir
         self.ttl = ttl_seconds
@@ -122,8 +127,17 @@ class SnapshotReader:
     def check(self, org_id: str) -> tuple[Snapshot | None, str | None]:
         """(the generation served, why none can be) refreshing if due; never raises."""
         state = self._state(org_id)
+        rung = self.bell.value if self.bell is not None else 0
+        if rung != self._rung:
+            self._rung = rung
+            with self._lock:
+                for other in self._orgs.values():
+                    other.checked_at = float("-inf")
         if time.monotonic() - state.checked_at >= self.ttl:
             self.refresh(org_id)
+        elif state.snapshot is None and state.published is not False:
+            with state.lock:  # a first load in another thread stamped checked_at: wait for it
+                pass
         snapshot = state.snapshot
         return snapshot, (state.unavailable_reason() if snapshot is None else None)
 
@@ -314,6 +328,15 @@ class SnapshotReader:
     def loaded(self) -> list[str]:
         with self._lock:
             return list(self._orgs)
+
+    def release(self) -> None:
+        """Hold nothing any more (each generation's file deleted): for a
+        process that checked generations but does not serve them."""
+        with self._lock:
+            states, self._orgs = list(self._orgs.values()), OrderedDict()
+        for state in states:
+            if state.snapshot is not None:
+                self._discard(state.snapshot)
 
 
 class SnapshotRejected(Exception):

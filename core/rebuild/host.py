@@ -1,0 +1,107 @@
+"""``titen serve``'s rebuilds: one process builds, the server processes ask it.
+
+``titen serve`` is a supervisor process plus ``--workers`` server processes
+(``core.serving``). Rebuilding is CPU work in Python; inside a server it
+held the one GIL that process's requests need (measured under a 4-client
+bulk load: ~40% of the server's GIL time, writes queued behind it). So the
+supervisor builds, and the servers only ask:
+
+- ``request(org)`` after every write: the supervisor's timer folds a burst
+  into one rebuild a quarter of a second later (``core.service``), as the
+  SQS FIFO queue does on Lambda;
+- ``rebuild(org, …)`` for ``POST /v1/admin/rebuild``: the server waits for
+  the supervisor's answer, then serves the result.
+
+Rules this enforces:
+- every rebuild of ``titen serve`` runs in the supervisor, one at a time per
+  organization, with the one kept file under the cache directory (so an
+  erasure's rebuild reaches every kept copy);
+- after each publish the supervisor rings a *bell* (a counter in shared
+  memory) that every server's snapshot reader looks at per request, so a
+  new generation is served at the next request, not after the TTL;
+- a write whose request cannot reach the supervisor is still acknowledged
+  (the ledger holds it; the next write, the next admin rebuild or the next
+  start of ``titen serve`` builds it) and is logged, as an enqueue failure
+  is on Lambda.
+
+The channel is ``multiprocessing.managers`` on loopback TCP with a random
+key the supervisor hands its servers at spawn.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from multiprocessing.managers import BaseManager
+
+from core.errors import TitenError, Unavailable
+from core.snapshot.build import RebuildResult
+
+log = logging.getLogger("titen")
+
+
+def _channel() -> type[BaseManager]:
+    """A manager class of its own: ``register`` is per class, and a host and
+    a client in one process (the tests) must not share a registry."""
+    return type("RebuildChannel", (BaseManager,), {})
+
+
+class Rebuilds:
+    """What the supervisor offers its servers (the object behind the channel)."""
+
+    def __init__(self, service):
+        self.service = service  # the supervisor's Service: auto_rebuild, serves nothing
+
+    def request(self, org_id: str) -> None:
+        self.service.schedule_rebuild(org_id)
+
+    def rebuild(self, org_id: str, from_scratch: bool, force: bool) -> RebuildResult:
+        try:
+            return self.service.rebuild(org_id, from_scratch=from_scratch, force=force)
+        except TitenError:
+            raise
+        except Exception as exc:  # sent back as an answer; the traceback stays in this log
+            log.exception("rebuild of %s failed", org_id)
+            raise Unavailable(f"the rebuild failed ({type(exc).__name__}); see the server's log") from None
+
+
+def host(service) -> tuple[tuple[str, int], bytes]:
+    """Offer ``service``'s rebuilds on loopback from a thread of this
+    process; (address, key) for the servers."""
+    import secrets
+
+    rebuilds = Rebuilds(service)
+    channel = _channel()
+    channel.register("rebuilds", callable=lambda: rebuilds)
+    authkey = secrets.token_bytes(32)
+    server = channel(address=("127.0.0.1", 0), authkey=authkey).get_server()
+    threading.Thread(target=server.serve_forever, name="titen-rebuild-host", daemon=True).start()
+    return server.address, authkey
+
+
+class RebuildClient:
+    """A server process's way to the supervisor's rebuilds (thread-safe: each
+    thread gets its own connection)."""
+
+    def __init__(self, address: tuple[str, int], authkey: bytes):
+        channel = _channel()
+        channel.register("rebuilds")
+        manager = channel(address=tuple(address), authkey=authkey)
+        manager.connect()
+        self._rebuilds = manager.rebuilds()
+
+    def request(self, org_id: str) -> None:
+        try:
+            self._rebuilds.request(org_id)
+        except Exception as exc:  # the write is stored: acknowledge it, say so here
+            log.error("asking for a rebuild of %s failed (%s); the write is stored and the next "
+                      "rebuild applies it", org_id, type(exc).__name__)
+
+    def rebuild(self, org_id: str, *, from_scratch: bool = False, force: bool = False) -> RebuildResult:
+        try:
+            return self._rebuilds.rebuild(org_id, from_scratch, force)
+        except TitenError:
+            raise
+        except Exception as exc:
+            raise Unavailable(f"the rebuild process did not answer ({type(exc).__name__}); "
+                              "restart titen serve") from None

@@ -1,0 +1,134 @@
+"""``titen serve``'s processes: a supervisor that builds, servers that answer.
+
+One Python process runs one thread of Python at a time, so one process
+cannot use a second core for requests, and a rebuild inside it stalls them.
+``titen serve`` therefore runs:
+
+- the **supervisor** (this process): it rebuilds every organization at
+  start, then hosts all rebuilds (``core.rebuild.host``) and keeps
+  ``--workers`` server processes alive (uvicorn's own supervisor: a worker
+  that dies is replaced);
+- ``--workers`` **servers**, each a whole Service on the same store behind
+  one listening socket, with its own snapshot cache directory
+  (``<cache>/serve-<pid>``; a reader never shares files with another).
+
+A server ends itself when its supervisor is gone. Everything the servers
+share lives in the store: the ledger, keys,
+idempotency records and pointers are safe across processes there exactly as
+across Lambda instances. What a server keeps in memory (a key's cached
+record, an open generation) is refreshed as on Lambda, and a new generation
+is served at the next request after the supervisor's bell.
+
+Mangum is not involved: on Lambda each instance is one process and one
+request at a time (``handler/``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import shutil
+import sys
+import threading
+import time
+
+from core.config import Settings
+
+SERVE_DIR_PREFIX = "serve-"
+
+
+@dataclasses.dataclass
+class ServerApp:
+    """The app factory each server process calls (uvicorn pickles it into
+    the spawned process: settings, the supervisor's address and key, and
+    the bell, which a spawned process may inherit only this way)."""
+
+    settings: Settings
+    address: tuple[str, int]
+    authkey: bytes
+    bell: object
+
+    def __call__(self):
+        from core.api.app import create_app
+        from core.rebuild.host import RebuildClient
+        from core.service import Service
+
+        threading.Thread(target=_end_with, args=(os.getppid(),), name="titen-supervisor-watch",
+                         daemon=True).start()
+        cache_dir = os.path.join(self.settings.cache_dir, f"{SERVE_DIR_PREFIX}{os.getpid()}")
+        remove_stale_server_dirs(self.settings.cache_dir)
+        settings = dataclasses.replace(self.settings, cache_dir=cache_dir)
+        service = Service(settings, rebuilds=RebuildClient(self.address, self.authkey), bell=self.bell)
+        for org_id in service.ledger.organizations()[:settings.max_orgs]:
+            service.reader.check(org_id)  # fetched and verified before the first request, as at start
+        return create_app(service)
+
+
+SUPERVISOR_CHECK_SECONDS = 0.5
+
+
+def _end_with(supervisor: int) -> None:
+    """A supervisor killed outright (SIGKILL, out of memory) cannot stop its
+    servers, and without it no write would be rebuilt: a server ends itself
+    once it is re-parented."""
+    while os.getppid() == supervisor:
+        time.sleep(SUPERVISOR_CHECK_SECONDS)
+    os._exit(1)
+
+
+def remove_stale_server_dirs(cache_dir: str) -> None:
+    """Cache directories of server processes that are gone (a worker replaced,
+    an earlier run): their generations are never served again, and an
+    erased text must not stay in one."""
+    try:
+        names = os.listdir(cache_dir)
+    except FileNotFoundError:
+        return
+    for name in names:
+        pid = name[len(SERVE_DIR_PREFIX):]
+        if not (name.startswith(SERVE_DIR_PREFIX) and pid.isdigit()) or int(pid) == os.getpid():
+            continue
+        if not _alive(int(pid)):
+            shutil.rmtree(os.path.join(cache_dir, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def serve(service, *, host: str, port: int, workers: int, log_level: str) -> None:
+    """Host ``service``'s rebuilds (the supervisor's Service: it builds and
+    serves nothing) and run ``workers`` servers until interrupted."""
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    from core.api.edge import SERVER_SETTINGS, EnvelopeHttpToolsProtocol
+    from core.rebuild.host import host as host_rebuilds
+
+    bell = multiprocessing.get_context("spawn").RawValue("Q", 0)
+    ringing = threading.Lock()  # rebuilds of two organizations may publish at once
+
+    def ring(result) -> None:
+        with ringing:
+            bell.value += 1
+
+    service.on_publish = ring
+    address, authkey = host_rebuilds(service)
+    remove_stale_server_dirs(service.settings.cache_dir)
+    config = uvicorn.Config(ServerApp(service.settings, address, authkey, bell), factory=True, host=host,
+                            port=port, workers=workers, log_level=log_level, access_log=log_level == "debug",
+                            http=EnvelopeHttpToolsProtocol, **SERVER_SETTINGS)
+    sock = config.bind_socket()
+    print(f"titen listening on http://{host}:{port} with {workers} server process"
+          f"{'es' if workers != 1 else ''} (store {service.store.url})", file=sys.stderr)
+    try:
+        Multiprocess(config, sockets=[sock]).run()
+    finally:
+        sock.close()

@@ -1,0 +1,172 @@
+"""`titen serve`'s processes (core/serving.py, core/rebuild/host.py): a
+supervisor that builds, server processes that answer, a bell between them."""
+
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import time
+
+import pytest
+
+from bench.common import Served
+from core.config import Settings
+from core.rebuild.host import RebuildClient, host
+from core.serving import SERVE_DIR_PREFIX
+from core.service import Service
+from core.snapshot.reader import SnapshotReader
+from tests.conftest import Api
+
+STATEMENT = {"statement": "The staging cluster runs Postgres 16", "kind": "semantic_fact", "confidence": 0.9}
+
+
+def _settings(tmp_path, **env) -> Settings:
+    return Settings.from_env(data_dir=str(tmp_path / "titen"), env=env)
+
+
+@pytest.fixture
+def supervised(tmp_path):
+    """A server process's Service asking a supervisor's Service (hosted on
+    loopback from this process) for its rebuilds, with the bell between
+    them; a TTL of an hour, so only the bell can show a new generation."""
+    bell = multiprocessing.get_context("spawn").RawValue("Q", 0)
+    supervisor = Service(_settings(tmp_path), auto_rebuild=True, serves=False)
+
+    def ring(result):
+        bell.value += 1
+
+    supervisor.on_publish = ring
+    address, authkey = host(supervisor)
+    server_settings = _settings(tmp_path, TITEN_SNAPSHOT_TTL="3600")
+    server = Service(Settings(**{**server_settings.__dict__,
+                                 "cache_dir": os.path.join(server_settings.cache_dir, "serve-test")}),
+                     rebuilds=RebuildClient(address, authkey), bell=bell)
+    return Api(server), supervisor, bell
+
+
+def _compiled_ids(api, key, task="which Postgres does staging run"):
+    return [item["claim_id"] for item in api.compile(key, task).json()["data"]["items"]]
+
+
+def test_a_write_is_rebuilt_by_the_supervisor_and_served_at_the_next_request(supervised):
+    api, supervisor, bell = supervised
+    key = api.key()
+    claim_id = api.observe(key, claim=STATEMENT)["claim_id"]
+    deadline = time.monotonic() + 30  # the supervisor's timer builds a quarter second after the write
+    while bell.value == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert bell.value == 1
+    assert _compiled_ids(api, key) == [claim_id]
+
+
+def test_the_supervisor_holds_no_generation_it_built(supervised):
+    api, supervisor, _ = supervised
+    key = api.key()
+    api.observe(key, claim=STATEMENT)
+    api.rebuild(key)
+    assert supervisor.reader.cached_bytes() == 0 and not any(
+        name.endswith(".sqlite") for name in os.listdir(supervisor.settings.cache_dir))
+
+
+def test_an_admin_rebuild_is_built_by_the_supervisor_and_answered_with_its_result(supervised):
+    api, supervisor, bell = supervised
+    key = api.key()
+    claim_id = api.observe(key, claim=STATEMENT)["claim_id"]
+    result = api.rebuild(key)
+    assert result["claim_count"] == 1 and result["generation"] >= 1
+    assert _compiled_ids(api, key) == [claim_id]
+    assert result["content_hash"] == supervisor.builder("acme").rebuild(from_scratch=True, force=True).content_hash
+
+
+def test_a_reader_serves_a_new_generation_when_the_bell_rings_not_after_its_ttl(tmp_path):
+    service = Service(_settings(tmp_path, TITEN_SNAPSHOT_TTL="0"))
+    api = Api(service)
+    key = api.key()
+    api.observe(key, claim=STATEMENT)
+    api.rebuild(key)
+    bell = multiprocessing.get_context("spawn").RawValue("Q", 0)
+    reader = SnapshotReader(service.store, str(tmp_path / "reader"), ttl_seconds=3600, bell=bell)
+    assert reader.current("acme").claim_count == 1
+    api.observe(key, claim={**STATEMENT, "statement": "The staging cluster runs Redis 7"})
+    api.rebuild(key)
+    assert reader.current("acme").claim_count == 1  # within its TTL, no bell: the generation it holds
+    bell.value += 1
+    assert reader.current("acme").claim_count == 2
+
+
+def test_a_write_is_stored_and_acknowledged_when_the_supervisor_is_unreachable(tmp_path, caplog):
+    server = Service(_settings(tmp_path), rebuilds=RebuildClient.__new__(RebuildClient))
+    server.rebuilds._rebuilds = None  # any call fails, as on a closed connection
+    api = Api(server)
+    key = api.key()
+    with caplog.at_level(logging.ERROR, logger="titen"):
+        written = api.observe(key, claim=STATEMENT)
+    assert any(written["observation_id"][4:] in k for k in api.ledger_keys())
+    assert "the write is stored" in caplog.text
+    response = api.post("/v1/admin/rebuild", b"", key)
+    assert response.status_code == 503 and response.json()["error"]["code"] == "UNAVAILABLE"
+
+
+# -- the processes of `titen serve` -----------------------------------------------------------
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found.update(int(p) for p in f.read().split())
+    return found
+
+
+def _servers(supervisor: int) -> set[int]:
+    """The server processes (spawned children that are not multiprocessing's resource tracker)."""
+    found = set()
+    for pid in _children(supervisor):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"spawn_main" in f.read():
+                    found.add(pid)
+        except FileNotFoundError:
+            pass
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait(condition, seconds=60.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return condition()
+
+
+def test_titen_serve_runs_the_server_processes_it_is_asked_for(tmp_path):
+    with Served(tmp_path / "titen", extra_args=["--workers", "3"]) as served:
+        assert _wait(lambda: len(_servers(served.pid)) == 3)
+
+
+def test_a_killed_server_process_is_replaced_and_its_cache_directory_removed(tmp_path):
+    data = tmp_path / "titen"
+    with Served(data, extra_args=["--workers", "2"]) as served:
+        assert _wait(lambda: len(_servers(served.pid)) == 2)
+        assert _wait(lambda: len([n for n in os.listdir(data / "cache") if n.startswith(SERVE_DIR_PREFIX)]) == 2)
+        victim = min(_servers(served.pid))
+        os.kill(victim, signal.SIGKILL)
+        assert _wait(lambda: len(_servers(served.pid)) == 2 and victim not in _servers(served.pid))
+        assert _wait(lambda: not (data / "cache" / f"{SERVE_DIR_PREFIX}{victim}").exists())
+
+
+def test_the_server_processes_end_when_the_supervisor_is_killed(tmp_path):
+    with Served(tmp_path / "titen", extra_args=["--workers", "2"]) as served:
+        assert _wait(lambda: len(_servers(served.pid)) == 2)
+        servers = _servers(served.pid)
+        served.process.kill()
+        served.process.wait()
+        assert _wait(lambda: not any(_alive(pid) for pid in servers), 30)
