@@ -62,6 +62,7 @@ class ServerApp:
         service = Service(settings, rebuilds=RebuildClient(self.address, self.authkey), bell=self.bell)
         for org_id in service.ledger.organizations()[:settings.max_orgs]:
             service.reader.check(org_id)  # fetched and verified before the first request, as at start
+        threading.Thread(target=follow_bell, args=(service.reader,), name="titen-bell", daemon=True).start()
         return create_app(service)
 
 
@@ -75,6 +76,22 @@ def _end_with(supervisor: int) -> None:
     while os.getppid() == supervisor:
         time.sleep(SUPERVISOR_CHECK_SECONDS)
     os._exit(1)
+
+
+BELL_CHECK_SECONDS = 0.1
+
+
+def follow_bell(reader, interval: float = BELL_CHECK_SECONDS) -> None:
+    """Refresh every organization this server holds when the bell rings,
+    whether or not a request comes: an idle server must not keep an older
+    generation (after an erasure, a copy of the erased text) in its cache."""
+    seen = reader.bell.value
+    while True:
+        time.sleep(interval)
+        if reader.bell.value != seen:
+            seen = reader.bell.value
+            for org_id in reader.loaded():
+                reader.check(org_id)  # due now: the reader saw the bell too
 
 
 def remove_stale_server_dirs(cache_dir: str) -> None:

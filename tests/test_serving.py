@@ -170,3 +170,22 @@ def test_the_server_processes_end_when_the_supervisor_is_killed(tmp_path):
         served.process.kill()
         served.process.wait()
         assert _wait(lambda: not any(_alive(pid) for pid in servers), 30)
+
+
+def test_an_idle_server_drops_the_older_generation_when_the_bell_rings(supervised):
+    """No request reaches the server after the rebuild: its cache must still
+    lose the older generation (after an erasure it holds the erased text)."""
+    import threading
+
+    from core.serving import follow_bell
+
+    api, supervisor, bell = supervised
+    key = api.key()
+    api.observe(key, claim=STATEMENT)
+    api.rebuild(key)
+    reader = api.service.reader
+    old = reader.current("acme").path
+    threading.Thread(target=follow_bell, args=(reader, 0.05), daemon=True).start()
+    api.observe(key, claim={**STATEMENT, "statement": "The staging cluster runs Redis 7"})
+    assert _wait(lambda: bell.value >= 2, 30)  # the supervisor's timer published
+    assert _wait(lambda: not os.path.exists(old), 30)
