@@ -328,3 +328,41 @@ def test_a_request_during_the_first_load_waits_for_it_rather_than_answering_unav
     waiter.join(30)
     snapshot, reason = second["answer"]
     assert reason is None and snapshot is first["snapshot"] and snapshot.claim_count == 1
+
+
+def test_after_the_bell_a_request_waits_for_the_refresh_in_flight_not_the_older_generation(store, tmp_path,
+                                                                                         monkeypatch):
+    """titen serve: another server process may already answer with the new
+    generation, so this one must not answer with the older one meanwhile."""
+    import multiprocessing
+    import threading
+
+    observe(store, "The staging cluster runs Postgres 16")
+    publish(store, tmp_path)
+    bell = multiprocessing.get_context("spawn").RawValue("Q", 0)
+    reader = SnapshotReader(store, str(tmp_path / "cache"), ttl_seconds=3600, bell=bell)
+    assert reader.current(ORG).claim_count == 1
+    observe(store, "The staging cluster runs Redis 7")
+    publish(store, tmp_path)
+    bell.value += 1
+    fetching, release = threading.Event(), threading.Event()
+    download = store.download_file
+
+    def slow_download(key, path):
+        fetching.set()
+        release.wait(30)
+        download(key, path)
+
+    monkeypatch.setattr(store, "download_file", slow_download)
+    loader = threading.Thread(target=reader.current, args=(ORG,))
+    loader.start()
+    assert fetching.wait(30)
+    answer = {}
+    request = threading.Thread(target=lambda: answer.setdefault("snapshot", reader.current(ORG)))
+    request.start()
+    request.join(0.5)
+    assert request.is_alive()
+    release.set()
+    loader.join(30)
+    request.join(30)
+    assert answer["snapshot"].claim_count == 2

@@ -59,6 +59,7 @@ class _OrgState:
     refusal: str | None = None  # why the pointer's generation was refused, until one loads
     published: bool | None = None  # does the store hold a pointer? None: not known yet
     last_eviction: str | None = None  # why the last served generation was evicted as damaged
+    rung: int = 0  # the supervisor's bell count this state last refreshed for (titen serve)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def unavailable_reason(self) -> str | None:
@@ -74,10 +75,11 @@ class SnapshotReader:
                  max_organizations: int = 16, on_open=None, max_bytes: int | None = None, bell=None):
         self.store = store
         # titen serve's supervisor counts its publishes in shared memory
-        # (core.rebuild.host): a new count makes the next check of every
-        # organization due now, whatever its TTL
+        # (core.rebuild.host): a count an organization's state has not
+        # refreshed for makes its check due now, whatever its TTL, and a
+        # request waits for a refresh in flight rather than serve the older
+        # generation (another server process may already serve the new one)
         self.bell = bell
-        self._rung = bell.value if bell is not None else 0
         self.on_open = on_open
         self.cache_dir = cache_dir
         self.ttl = ttl_seconds
@@ -128,13 +130,8 @@ class SnapshotReader:
         """(the generation served, why none can be) refreshing if due; never raises."""
         state = self._state(org_id)
         rung = self.bell.value if self.bell is not None else 0
-        if rung != self._rung:
-            self._rung = rung
-            with self._lock:
-                for other in self._orgs.values():
-                    other.checked_at = float("-inf")
-        if time.monotonic() - state.checked_at >= self.ttl:
-            self.refresh(org_id)
+        if rung != state.rung or time.monotonic() - state.checked_at >= self.ttl:
+            self.refresh(org_id, rung=rung)
         elif state.snapshot is None and state.published is not False:
             with state.lock:  # a first load in another thread stamped checked_at: wait for it
                 pass
@@ -157,49 +154,58 @@ class SnapshotReader:
                 self._discard(old)
         return reason
 
-    def refresh(self, org_id: str, force: bool = False) -> Snapshot | None:
+    def refresh(self, org_id: str, force: bool = False, rung: int | None = None) -> Snapshot | None:
         state = self._state(org_id)
         with state.lock:
-            if not force and time.monotonic() - state.checked_at < self.ttl:
-                return state.snapshot
-            state.checked_at = time.monotonic()
-            self._check_open_file(state, full=force)
-            try:
-                obj = self.store.get_if_changed(pointer_key(org_id), state.etag)
-            except ObjectNotFound:
-                if state.snapshot is not None:  # the pointer vanished: keep what was verified
-                    return state.snapshot
-                state.published, state.last_error = False, None
-                return None  # no generation published yet: nothing to serve
-            except Exception as exc:  # the store is unreachable: keep serving
-                state.last_error = f"{POINTER_READ_FAILED}: {type(exc).__name__}"
-                note_refresh_failure()  # the RefreshFailures metric (core/observe/metrics.py)
-                return state.snapshot
-            state.published = True
-            if state.last_error and state.last_error.startswith(POINTER_READ_FAILED):
-                state.last_error = None  # the store answers again
-            if obj is None or obj.etag == state.refused_etag:
+            rung_seen = rung is None or rung == state.rung
+            if not force and rung_seen and time.monotonic() - state.checked_at < self.ttl:
                 return state.snapshot
             try:
-                snapshot = self._load(org_id, json.loads(obj.body))
-            except SnapshotRejected as exc:
-                # the same bad generation is not fetched again; a new pointer is
-                served = ("still serving generation %d" % state.snapshot.generation if state.snapshot
-                          else "no generation is being served; compile answers 503 until a rebuild "
-                               "publishes a verified one")
-                state.last_error, state.refused_etag = f"{exc}; {served}", obj.etag
-                state.refusal = None if isinstance(exc, SnapshotTooLarge) else str(exc)
-                note_refresh_failure()
+                return self._refresh(org_id, state, force)
+            finally:
+                if rung is not None:
+                    state.rung = rung  # only now: a request checking meanwhile waits on the lock
+
+    def _refresh(self, org_id: str, state: _OrgState, force: bool) -> Snapshot | None:
+        """Called with ``state.lock`` held."""
+        state.checked_at = time.monotonic()
+        self._check_open_file(state, full=force)
+        try:
+            obj = self.store.get_if_changed(pointer_key(org_id), state.etag)
+        except ObjectNotFound:
+            if state.snapshot is not None:  # the pointer vanished: keep what was verified
                 return state.snapshot
-            except Exception as exc:
-                state.last_error = f"loading the new generation failed: {type(exc).__name__}"
-                note_refresh_failure()
-                return state.snapshot
-            old, state.snapshot, state.etag, state.last_error = state.snapshot, snapshot, obj.etag, None
-            state.refusal = None
-            if old is not None and old.path != snapshot.path:
-                self._discard(old)
-            return snapshot
+            state.published, state.last_error = False, None
+            return None  # no generation published yet: nothing to serve
+        except Exception as exc:  # the store is unreachable: keep serving
+            state.last_error = f"{POINTER_READ_FAILED}: {type(exc).__name__}"
+            note_refresh_failure()  # the RefreshFailures metric (core/observe/metrics.py)
+            return state.snapshot
+        state.published = True
+        if state.last_error and state.last_error.startswith(POINTER_READ_FAILED):
+            state.last_error = None  # the store answers again
+        if obj is None or obj.etag == state.refused_etag:
+            return state.snapshot
+        try:
+            snapshot = self._load(org_id, json.loads(obj.body))
+        except SnapshotRejected as exc:
+            # the same bad generation is not fetched again; a new pointer is
+            served = ("still serving generation %d" % state.snapshot.generation if state.snapshot
+                      else "no generation is being served; compile answers 503 until a rebuild "
+                           "publishes a verified one")
+            state.last_error, state.refused_etag = f"{exc}; {served}", obj.etag
+            state.refusal = None if isinstance(exc, SnapshotTooLarge) else str(exc)
+            note_refresh_failure()
+            return state.snapshot
+        except Exception as exc:
+            state.last_error = f"loading the new generation failed: {type(exc).__name__}"
+            note_refresh_failure()
+            return state.snapshot
+        old, state.snapshot, state.etag, state.last_error = state.snapshot, snapshot, obj.etag, None
+        state.refusal = None
+        if old is not None and old.path != snapshot.path:
+            self._discard(old)
+        return snapshot
 
     def _check_open_file(self, state: _OrgState, *, full: bool) -> None:
         """Evict the served generation when its cached file no longer is the
