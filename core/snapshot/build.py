@@ -17,8 +17,7 @@ sha256. The rules this module enforces:
   another tokenizer is not extended: the ledger is replayed, and ``notes``
   say why.
 - **Nothing new, nothing published**: a build that applied no entry keeps
-  the published generation (unless its candidate index was priced by
-  another libm, or its vector index is not this embedder's).
+  the published generation (unless its vector index is not this embedder's).
 - **Erasures are carried out whole** (core/erasure/work.py,
   core/snapshot/erase.py): a build that meets an ``erasure`` entry first
   purges the ledger (with the previous generation open, which says where
@@ -47,7 +46,7 @@ from core.ids import uuid7_floor_hex, uuid7_ms
 from core.instants import canonical, now_utc
 from core.layout import RUN_SUFFIX, entry_hex_of, ledger_prefix
 from core.ledger import MOVED, Ledger
-from core.lexical import LexicalChanges, priced_here, recorded_fingerprint, update_lexical_index
+from core.lexical import LexicalChanges, update_lexical_index
 from core.meta_table import read_meta, write_meta
 from core.erasure.work import ErasureWork
 from core.snapshot import content_hash, erase, housekeeping
@@ -184,12 +183,9 @@ class SnapshotBuilder:
         if self.erasures.applied:
             # no FTS segment keeps a deleted claim's terms, no vec0 chunk its vector
             erase.clear_indexes(db)
-        # (a generation whose candidate index another libm priced is priced
-        # again here even with nothing new: core.lexical.libm; a pointer from
-        # before watermarks were published is republished once)
+        # (a pointer from before watermarks were published is republished once)
         if (pointer is not None and applied == 0 and not from_scratch and not force
-                and self._vectors_current(pointer) and priced_here(recorded_fingerprint(db))
-                and "watermark" in pointer):
+                and self._vectors_current(pointer) and "watermark" in pointer):
             return None
         generation = (pointer["generation"] if pointer else 0) + 1
         self.progress(f"{self.org_id}: updating the candidate index")
