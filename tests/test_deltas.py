@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import random
 import tempfile
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -211,6 +212,29 @@ def test_the_reader_follows_the_chain_from_the_generation_it_holds(chain):
     assert status["last_load"]["downloaded_bytes"] == sum(d["bytes"] for d in pointer["deltas"])
     assert file_sha256(snapshot.path) == expected_sha
     assert snapshot.claim_count == 8 and content_hash.digest(content_hash.scan(snapshot.db)) == pointer["content_hash"]
+
+
+def test_a_spare_copy_of_the_served_file_takes_the_deltas_without_a_copy_on_the_way(store, tmp_path):
+    from core.snapshot.reader import SHADOW, SnapshotReader
+    api = make_api(str(tmp_path), store, ttl="3600")
+    world = World(api, random.Random(11))
+    world.observe()
+    api.rebuild(world.key)
+    reader = SnapshotReader(store, str(tmp_path / "spare-cache"), ttl_seconds=3600, shadow_min_bytes=0)
+    first = reader.refresh(ORG, force=True)
+    for _ in range(200):  # the spare is copied in the background
+        if os.path.exists(first.path + SHADOW):
+            break
+        time.sleep(0.01)
+    assert file_sha256(first.path + SHADOW) == file_sha256(first.path)
+    builder = SnapshotBuilder(store, ORG, work_dir=str(tmp_path / "builder"))
+    world.observe()
+    assert builder.rebuild().published
+    second = reader.refresh(ORG, force=True)
+    loaded = reader.status(ORG)["last_load"]
+    assert second.generation == 2 and loaded["road"] == "deltas" and loaded["from"] == "spare copy"
+    assert file_sha256(second.path) == file_sha256(str(tmp_path / "builder" / f"kept-{ORG}.sqlite"))
+    assert not os.path.exists(first.path) and not os.path.exists(first.path + SHADOW)
 
 
 @pytest.mark.parametrize("how", ["missing", "corrupt"])

@@ -59,6 +59,11 @@ __all__ = ["DAMAGE_ERRORS", "Snapshot", "SnapshotReader", "SnapshotRejected", "S
 
 
 POINTER_READ_FAILED = "reading the snapshot pointer failed"
+# a spare copy of the served file, never opened: the next deltas are applied
+# to it in place, so a copy of the whole file is not on the way to serving
+SHADOW = ".shadow"
+# below this a copy costs milliseconds: no spare is kept
+SHADOW_MIN_BYTES = 8 << 20
 
 
 @dataclass
@@ -86,12 +91,14 @@ class _OrgState:
 
 class SnapshotReader:
     def __init__(self, store: Store, cache_dir: str, ttl_seconds: float = 5.0,
-                 max_organizations: int = 16, on_open=None, max_bytes: int | None = None):
+                 max_organizations: int = 16, on_open=None, max_bytes: int | None = None,
+                 shadow_min_bytes: int = SHADOW_MIN_BYTES):
         self.store = store
         self.on_open = on_open
         self.cache_dir = cache_dir
         self.ttl = ttl_seconds
         self.max_organizations = max_organizations
+        self.shadow_min_bytes = shadow_min_bytes
         self._orgs: OrderedDict[str, _OrgState] = OrderedDict()
         self._lock = threading.Lock()
         os.makedirs(cache_dir, exist_ok=True)
@@ -102,7 +109,7 @@ class SnapshotReader:
         # fetched and verified afresh); unlinking one another process still
         # has open is safe, its open handle keeps the data.
         for name in os.listdir(cache_dir):
-            if name.endswith((".sqlite", ".part")):
+            if name.endswith((".sqlite", ".part", SHADOW)):
                 try:
                     os.unlink(os.path.join(cache_dir, name))
                 except FileNotFoundError:
@@ -201,6 +208,7 @@ class SnapshotReader:
             state.digests, state.refusal = digests, None
             if old is not None and old.path != snapshot.path:
                 self._discard(old)
+            self._make_shadow(state, snapshot)
             return snapshot
 
     def _check_open_file(self, state: _OrgState, *, full: bool) -> None:
@@ -228,10 +236,38 @@ class SnapshotReader:
             self._discard(snap)
 
     def cached_bytes(self) -> int:
-        """Bytes of the generations held (their pointers' sizes)."""
+        """Bytes of the generations held (their pointers' sizes), their spare
+        copies included."""
         with self._lock:
             states = list(self._orgs.values())
-        return sum(int(st.snapshot.pointer.get("bytes", 0)) for st in states if st.snapshot is not None)
+        return sum(int(st.snapshot.pointer.get("bytes", 0)) * (2 if os.path.exists(st.snapshot.path + SHADOW) else 1)
+                   for st in states if st.snapshot is not None)
+
+    def _make_shadow(self, state: _OrgState, snapshot: Snapshot) -> None:
+        """Copy the generation just loaded, in the background, to its spare
+        (``SHADOW``) when the cache budget has room for it; the next deltas
+        road renames the spare into place instead of copying on its way."""
+        size = int(snapshot.pointer.get("bytes", 0))
+        if size < self.shadow_min_bytes or self.cached_bytes() + size > self.max_bytes:
+            return
+
+        def copy() -> None:
+            part = snapshot.path + SHADOW + ".part"
+            try:
+                shutil.copyfile(snapshot.path, part)
+                os.replace(part, snapshot.path + SHADOW)
+                if state.snapshot is not snapshot or snapshot.retired:  # replaced meanwhile
+                    os.unlink(snapshot.path + SHADOW)
+            except OSError:
+                pass
+            finally:
+                if os.path.exists(part):
+                    try:
+                        os.unlink(part)
+                    except OSError:
+                        pass
+
+        threading.Thread(target=copy, name="snapshot-shadow", daemon=True).start()
 
     def _make_room(self, org_id: str, state: _OrgState, generation: int, needed: int) -> None:
         """Evict least recently used organizations' generations until
@@ -281,7 +317,12 @@ class SnapshotReader:
         try:
             if steps is not None:  # the deltas road, from the file served now
                 try:
-                    shutil.copyfile(held.path, tmp)
+                    try:  # its spare copy, if made: no copy on the way
+                        os.replace(held.path + SHADOW, tmp)
+                        spare = True
+                    except FileNotFoundError:
+                        shutil.copyfile(held.path, tmp)
+                        spare = False
                     digests = advance(self.store, steps, tmp, state.digests, fetched)
                     if digests.digest() != pointer.get("digest"):
                         raise ChainBroken("does not have its recorded page digest")
@@ -306,6 +347,8 @@ class SnapshotReader:
         state.last_load = {"generation": generation, "road": "deltas" if steps is not None and not fallback
                            else "whole", "downloaded_bytes": fetched.downloaded, "deltas": fetched.deltas,
                            "seconds": round(time.monotonic() - started, 4)}
+        if steps is not None and not fallback:
+            state.last_load["from"] = "spare copy" if spare else "copy"
         try:
             db = open_readonly(final, self.on_open)
             meta = all_meta(db)
@@ -328,10 +371,11 @@ class SnapshotReader:
         # it: the file is unlinked, not truncated, and its connections close
         # when released (Snapshot.retire).
         snapshot.retire()
-        try:
-            os.unlink(snapshot.path)
-        except FileNotFoundError:
-            pass
+        for path in (snapshot.path, snapshot.path + SHADOW):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
 
     def status(self, org_id: str) -> dict:
         state = self._state(org_id)
