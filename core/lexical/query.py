@@ -27,7 +27,7 @@ from core.lexical.bm25 import (B, DL_MASK, FTS_TOKENIZER_ARGS, K1, LEX_VERSION, 
 from core.lexical.libm import recorded_fingerprint
 
 # priced lists kept per connection, at most this many bytes each
-PRICED_CACHE_BYTES = 64 << 20
+PRICED_CACHE_BYTES = 16 << 20
 
 
 class _State:
