@@ -1,8 +1,11 @@
 """Building one organization's next generation: previous file + new ledger entries.
 
 previous snapshot + ledger entries after its watermark → a new SQLite file
-→ published (``core.snapshot.publish``) under a new generation with its
-sha256. The rules this module enforces:
+→ published (``core.snapshot.publish``) under a new generation: as the
+pages it changed (a delta, ``core.snapshot.delta``: the work file runs in
+WAL mode from the previous generation, and the WAL's frames name those
+pages, ``core.snapshot.wal``) or whole, as ``core.snapshot.delta_policy``
+decides. The rules this module enforces:
 
 - **No lost writes under clock skew.** Listing restarts ``skew_seconds``
   behind the watermark, and entries already applied inside that window are
