@@ -222,7 +222,7 @@ def test_a_spare_copy_of_the_served_file_takes_the_deltas_without_a_copy_on_the_
     api.rebuild(world.key)
     reader = SnapshotReader(store, str(tmp_path / "spare-cache"), ttl_seconds=3600, shadow_min_bytes=0)
     first = reader.refresh(ORG, force=True)
-    for _ in range(200):  # the spare is copied in the background
+    for _ in range(1000):  # the spare is copied in the background
         if os.path.exists(first.path + SHADOW):
             break
         time.sleep(0.01)
