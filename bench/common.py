@@ -556,7 +556,8 @@ class ModelledS3(LocalStore):
         try:
             return super().put_if_absent(key, body)
         finally:
-            self._floor("put", t, len(body))
+            # a generation published as a delta: its upload
+            self._floor("upload" if key.endswith(".delta") else "put", t, len(body))
             self._published(key)
 
     def compare_and_swap(self, key, body, expected_etag):

@@ -21,7 +21,11 @@ a compile for that word returns it. Components:
 - ``ttl``: the API notices the new ``current.json`` at its next check; under
   steady traffic that check comes a uniform fraction of ``TITEN_SNAPSHOT_TTL``
   after the publish, drawn here (``random.uniform(0, ttl)``) and slept;
-- ``reader``: the API's download and sha256 verification of the generation;
+- ``reader``: the API's download and verification of the generation: the
+  deltas after the generation it serves, applied to a copy and checked by
+  page digest, or the whole file and its sha256 (core/snapshot/reader.py);
+  the bytes published per generation and the bytes the reader downloaded
+  are printed beside the table;
 - ``compile``: the compile that returns the write (after the reader);
 - ``total`` = queue + rebuild + upload + ttl + reader + compile: from the
   201 to the compile that returns the write;
@@ -133,10 +137,10 @@ def run_size(n: int, args) -> dict:
             loads: list[float] = []
             real_load = api.service.reader._load
 
-            def timed_load(org_id, pointer):
+            def timed_load(org_id, state, pointer):
                 t = time.perf_counter()
                 try:
-                    return real_load(org_id, pointer)
+                    return real_load(org_id, state, pointer)
                 finally:
                     loads.append(time.perf_counter() - t)
 
@@ -200,16 +204,24 @@ def run_size(n: int, args) -> dict:
                 upload = rebuild_store.timings["upload"][upload_before]
                 ttl_phase = rng.uniform(0, args.ttl)  # the API's next check after the publish
                 time.sleep(ttl_phase)
+                # the model: the check comes ttl_phase after the publish, whenever
+                # the previous one was (a fast rebuild may publish less than a
+                # TTL after the last compile's check)
+                api.service.reader._state(ORG).checked_at = float("-inf")
                 loads_before = len(loads)
                 t_check = time.perf_counter()
-                assert compile_marker(marker), f"generation {line['generation']} does not show {marker}"
+                assert compile_marker(marker), (f"generation {line['generation']} does not show {marker}: "
+                                                f"{api.service.reader.status(ORG)}")
                 t_visible = time.perf_counter()
                 reader = sum(loads[loads_before:])
+                loaded = api.service.reader.status(ORG)["last_load"] or {}
                 sample = {"total": (t_swap - t_ack) + ttl_phase + (t_visible - t_check),
                           "enqueue": sends[-1], "queue": t_rebuild - t_ack,
                           "rebuild": (t_swap - t_rebuild) - upload, "upload": upload, "ttl": ttl_phase,
                           "reader": reader, "compile": (t_visible - t_check) - reader, "write": t_ack - t0,
-                          "follow_up": t_done - t_swap, "bytes": line["bytes"]}
+                          "follow_up": t_done - t_swap, "bytes": line["bytes"],
+                          "published_bytes": line.get("published_bytes") or 0,
+                          "reader_bytes": loaded.get("downloaded_bytes", 0), "reader_road": loaded.get("road")}
                 if i >= args.warmup:
                     samples.append(sample)
             return {"n": n, "samples": samples, "snapshot_bytes": samples[-1]["bytes"]}
@@ -246,6 +258,12 @@ def main(argv=None) -> int:
                          f"{percentile(values, 99):.3f}"))
         print(f"\nclaims {n}: snapshot {result['snapshot_bytes'] / 1e6:.1f} MB; write (201) p50 "
               f"{statistics.median(s['write'] for s in result['samples']) * 1000:.0f} ms")
+        published = [s["published_bytes"] / 1e6 for s in result["samples"]]
+        downloaded = [s["reader_bytes"] / 1e6 for s in result["samples"]]
+        roads = sorted({s["reader_road"] for s in result["samples"]} - {None})
+        print(f"published per generation MB p50 {statistics.median(published):.2f} p95 "
+              f"{percentile(published, 95):.2f}; reader downloaded MB p50 {statistics.median(downloaded):.2f} "
+              f"p95 {percentile(downloaded, 95):.2f} (roads: {', '.join(roads)})")
         print_table(("component", "p50", "p95", "p99"), rows)
     os.makedirs(RESULTS_DIR, exist_ok=True)
     (RESULTS_DIR / "freshness.json").write_text(json.dumps(

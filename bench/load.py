@@ -23,7 +23,11 @@ objects are immutable, every write is a new inode) to
 ``bench/.data/incr-n<n>/``, 100 new observations with claims (corpus claims
 n..n+99) are imported with ``--batch-size 1`` — 100 separate ledger entries —
 and ``titen rebuild --org bench`` is timed: previous snapshot + 100 entries →
-new generation. The copy is deleted afterwards.
+new generation. Each round also reports the bytes the rebuild published (a
+delta, core/snapshot/delta.py, or the whole file) and what an in-process
+reader serving the previous generation downloads and how long its
+apply-and-verify takes (``SnapshotReader``'s ``last_load``). The copy is
+deleted afterwards.
 
 Targets (issue): rebuild of 50k from an empty snapshot <= 30 s; incremental
 100 entries on 342k <= 5 s. Results are printed and merged (by size) into
@@ -135,6 +139,12 @@ def incremental(base_n: int, entries: int = 100, progress=common.log) -> dict:
                                   "--data-dir", str(copy))
         assert out[-1]["batches_written"] == entries, out
         rounds = []
+        # a reader (in process, as an API instance holds one) serving the
+        # generation before each round: what it downloads and how long its
+        # apply-and-verify takes when the round's generation appears
+        from core.snapshot.reader import SnapshotReader
+        reader = SnapshotReader(common.open_local_store(copy), str(copy / "bench-reader"), ttl_seconds=0)
+        reader.refresh(common.ORG, force=True)
         for round_ in (1, 2):
             if round_ == 2:
                 # the steady state of a scheduled rebuild: the previous
@@ -147,8 +157,17 @@ def incremental(base_n: int, entries: int = 100, progress=common.log) -> dict:
             result = out[-1]
             assert (result["entries_applied"] == entries
                     and result["claim_count"] == base_n + round_ * entries), result
-            progress(f"incremental round {round_}: rebuild {rebuild_s:.2f}s (internal {result['seconds']:.2f}s)")
+            progress(f"incremental round {round_}: rebuild {rebuild_s:.2f}s (internal {result['seconds']:.2f}s), "
+                     f"published {result.get('published_bytes') or 0:,} bytes")
+            reader.refresh(common.ORG, force=True)
+            loaded = reader.status(common.ORG)["last_load"] or {}
+            assert loaded.get("generation") == result["generation"], (loaded, result)
+            progress(f"incremental round {round_}: reader {loaded['road']}, downloaded {loaded['downloaded_bytes']:,} "
+                     f"bytes, apply and verify {loaded['seconds']:.3f}s")
             rounds.append({"rebuild_s": round(rebuild_s, 3), "rebuild_internal_s": round(result["seconds"], 3),
+                           "published_bytes": result.get("published_bytes"),
+                           "reader_road": loaded["road"], "reader_downloaded_bytes": loaded["downloaded_bytes"],
+                           "reader_apply_verify_s": loaded["seconds"],
                            "entries_applied": result["entries_applied"], "claim_count": result["claim_count"],
                            "snapshot_bytes": result["snapshot_bytes"], "generation": result["generation"],
                            "previous": "downloaded" if round_ == 1 else "kept",
@@ -186,6 +205,12 @@ def print_tables(builds: list[dict], incr: dict | None) -> None:
             print(f"\nIncremental, first build on the copy (previous generation downloaded from the store and "
                   f"sha256-checked): {first['rebuild_s']:.2f} s wall ({first['rebuild_internal_s']:.2f} s "
                   f"internal), load {first['loadavg_1m'][0]:.1f}->{first['loadavg_1m'][1]:.1f}")
+        for label, r in (("first", first), ("steady", incr)):
+            if r and r.get("published_bytes") is not None:
+                print(f"Incremental ({label}): published {r['published_bytes'] / 1e6:.2f} MB for generation "
+                      f"{r['generation']}; a reader holding the previous generation took the {r['reader_road']} road, "
+                      f"downloaded {r['reader_downloaded_bytes'] / 1e6:.2f} MB, apply and verify "
+                      f"{r['reader_apply_verify_s']:.3f} s (targets: <= 5 MB, <= 5 MB, <= 0.5 s)")
         print(f"Incremental: {incr['entries']} single-observation ledger entries (titen import --batch-size 1, "
               f"{incr['import_s']:.1f} s) onto {incr['base_claims']:,} claims, then titen rebuild "
               f"(previous generation {incr.get('previous', 'downloaded')}): "

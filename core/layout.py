@@ -15,7 +15,8 @@ block number.
     orgs/<org>/claims/<claim hex>.json         a claim's lifecycle head (core/writes/transitions.py)
     orgs/<org>/idempotency/<sha256>.json       an Idempotency-Key record (core/writes/idempotency.py)
     orgs/<org>/imports/<file sha256>/<block>   an import block's claim marker (core/writes/importer.py)
-    orgs/<org>/snapshots/<generation>-<rand>.sqlite   a published generation
+    orgs/<org>/snapshots/<generation>-<rand>.sqlite   a generation published whole
+    orgs/<org>/snapshots/<generation>-<rand>.delta    a generation published as the pages it changed
     orgs/<org>/snapshots/current.json          the pointer: the generation served now
     orgs/<org>/erasures/<erasure hex>.json     an erasure's status (core/erasure/records.py)
 """
@@ -89,6 +90,12 @@ def snapshot_key(org_id: str, generation: int, token: str) -> str:
     """A generation's file: its number first, so keys sort by generation;
     ``token`` keeps two racing builds of one number apart."""
     return f"{snapshots_prefix(org_id)}{generation:0{SNAPSHOT_NUMBER_WIDTH}d}-{token}.sqlite"
+
+
+def delta_key(org_id: str, generation: int, token: str) -> str:
+    """A generation published as a delta (core/snapshot/delta.py): numbered
+    like the files, so it is listed, kept and deleted with them."""
+    return f"{snapshots_prefix(org_id)}{generation:0{SNAPSHOT_NUMBER_WIDTH}d}-{token}.delta"
 
 
 def snapshot_generation(key: str) -> int | None:

@@ -148,9 +148,21 @@ def test_empty_index():
 
 # -- the incremental build -------------------------------------------------------
 
-def _lex_tables(db: apsw.Connection) -> tuple[list, list]:
+def _lex_tables(db: apsw.Connection) -> tuple[list, list, list]:
+    """What the index holds, whatever its blocks: the statistics, every
+    (subject, term) list's rowids and (tf, D) inputs joined across its
+    blocks, and every term's df."""
+    lists: dict = {}
+    for subject_id, term, first, n, rowids, tfdl in db.execute(
+            "SELECT subject_id, term, first_rowid, n, rowids, tfdl FROM lex_postings"
+            " ORDER BY subject_id, term, first_rowid"):
+        assert n * 8 == len(tfdl) and n > 0
+        rows, inputs = lists.setdefault((subject_id, term), (bytearray(), bytearray()))
+        rows += rowids
+        inputs += tfdl
     return (db.execute("SELECT * FROM lex_stats").fetchall(),
-            db.execute("SELECT * FROM lex_postings ORDER BY subject_id, term").fetchall())
+            sorted((key, bytes(r), bytes(t)) for key, (r, t) in lists.items()),
+            db.execute("SELECT term, df FROM lex_terms ORDER BY term").fetchall())
 
 
 def _change_index(db: apsw.Connection, rng: random.Random, changes: lexical.LexicalChanges, n: int) -> None:
@@ -172,7 +184,11 @@ def _change_index(db: apsw.Connection, rng: random.Random, changes: lexical.Lexi
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_the_incremental_build_writes_the_tables_the_whole_build_writes(seed):
+@pytest.mark.parametrize("blocks", [None, (3, 2)])
+def test_the_incremental_build_writes_the_tables_the_whole_build_writes(seed, blocks, monkeypatch):
+    if blocks:  # tiny blocks: every edit splits, empties, re-keys or appends to one
+        monkeypatch.setattr(lexical.build, "BLOCK_POSTINGS", blocks[0])
+        monkeypatch.setattr(lexical.build, "TAIL_POSTINGS", blocks[1])
     rng = random.Random(seed)
     db = _corpus(rng, rng.choice([0, 30, 400]))
     with db:
@@ -187,7 +203,7 @@ def test_the_incremental_build_writes_the_tables_the_whole_build_writes(seed):
         incremental = _lex_tables(db)
         with db:
             lexical.build_lexical_index(db)
-        assert incremental == _lex_tables(db)  # every byte: rowids, contributions, bounds, inputs
+        assert incremental == _lex_tables(db)  # every byte: statistics, rowids, inputs, df
 
 
 def test_the_incremental_build_answers_as_the_fts5_query():
@@ -224,6 +240,34 @@ def test_changes_that_do_not_account_for_the_index_rebuild_it_whole():
     with db:
         lexical.build_lexical_index(db)
     assert incremental == _lex_tables(db)
+
+
+def test_tiny_blocks_answer_as_the_fts5_query(monkeypatch):
+    monkeypatch.setattr(lexical.build, "BLOCK_POSTINGS", 4)
+    monkeypatch.setattr(lexical.build, "TAIL_POSTINGS", 3)
+    rng = random.Random(7)
+    db = _corpus(rng, 300)
+    with db:
+        lexical.build_lexical_index(db)
+    for _ in range(3):
+        changes = lexical.LexicalChanges()
+        with db:
+            _change_index(db, rng, changes, 30)
+        with db:
+            lexical.update_lexical_index(db, changes)
+    assert db.execute("SELECT count(*) FROM lex_postings WHERE n < 4").fetchone()[0] > 10
+    lexical.query._STATES.clear()
+    checked = 0
+    for _ in range(40):
+        scope = _scope(rng)
+        plan = plan_query(_task(rng))
+        if not plan.match:
+            continue
+        where, params = scope.where()
+        expected = fts_candidates(db, where, params, plan.match, 20)
+        assert lexical.top_candidates(db, scope.subject_id, where, params, plan.terms, 20) == expected
+        checked += 1
+    assert checked > 20
 
 
 def test_an_index_of_another_version_is_rebuilt_whole(monkeypatch):
@@ -349,7 +393,7 @@ class _OtherLibm:
         return math.nextafter(math.log(x), math.inf)
 
 
-def _priced_elsewhere(monkeypatch, db) -> str:
+def _built_elsewhere(monkeypatch, db) -> str:
     """Build db's lex tables as the other platform would; return its fingerprint."""
     lexical.phrase_count_mode(1)  # this platform's probe, before log() changes
     with monkeypatch.context() as other:
@@ -363,7 +407,7 @@ def _priced_elsewhere(monkeypatch, db) -> str:
     return fingerprint
 
 
-def test_the_fingerprint_is_recorded_with_the_contributions():
+def test_the_fingerprint_of_the_building_platform_is_recorded():
     db = _corpus(random.Random(21), 30)
     with db:
         lexical.build_lexical_index(db)
@@ -374,12 +418,14 @@ def test_the_fingerprint_is_recorded_with_the_contributions():
     assert not lexical.priced_here(None)  # a build that did not say
 
 
-def test_contributions_priced_by_another_libm_are_never_served(monkeypatch):
+def test_an_index_built_under_another_libm_answers_as_this_platforms_fts5(monkeypatch):
+    """Contributions are priced when queried, with the log() of the process
+    serving (the one its FTS5 calls), so where the index was built does not
+    matter."""
     rng = random.Random(23)
     db = _corpus(rng, 600)
-    forged = _priced_elsewhere(monkeypatch, db)
+    forged = _built_elsewhere(monkeypatch, db)
     assert forged != lexical.platform_fingerprint() and lexical.recorded_fingerprint(db) == forged
-    served = []
     checked = 0
     for _ in range(60):
         scope = _scope(rng)
@@ -388,36 +434,33 @@ def test_contributions_priced_by_another_libm_are_never_served(monkeypatch):
             continue
         where, params = scope.where()
         expected = fts_candidates(db, where, params, plan.match, 50)
-        fast = lexical.top_candidates(db, scope.subject_id, where, params, plan.terms, 50)
-        assert fast is None  # not the stored lists: the FTS5 query answers
-        # what the stored lists would have answered, had the reader trusted them
-        with monkeypatch.context() as trusting:
-            trusting.setattr(lexical.query, "priced_here", lambda recorded: True)
-            lexical.query._STATES.clear()
-            served.append((lexical.top_candidates(db, scope.subject_id, where, params, plan.terms, 50), expected))
-            lexical.query._STATES.clear()
+        assert lexical.top_candidates(db, scope.subject_id, where, params, plan.terms, 50) == expected
         checked += 1
     assert checked > 30
-    # the test has teeth: the lists priced elsewhere are wrong here
-    assert sum(got is not None and got != expected for got, expected in served) > 10
 
 
-def test_a_build_here_prices_again_what_another_libm_priced(monkeypatch):
-    rng = random.Random(29)
-    db = _corpus(rng, 300)
-    _priced_elsewhere(monkeypatch, db)
-    elsewhere = _lex_tables(db)
-    with db:  # nothing entered or left the index, but every list was priced elsewhere
-        stats = lexical.update_lexical_index(db, lexical.LexicalChanges())
-    assert stats["mode"] == "incremental" and stats["lists"] > 0
-    assert lexical.recorded_fingerprint(db) == lexical.platform_fingerprint()
-    repriced = _lex_tables(db)
-    assert repriced != elsewhere
+def test_pricing_with_another_libm_would_be_wrong_here(monkeypatch):
+    """The test above has teeth: the same lists priced with the other log()
+    answer differently from this platform's FTS5."""
+    rng = random.Random(23)
+    db = _corpus(rng, 600)
     with db:
         lexical.build_lexical_index(db)
-    assert repriced == _lex_tables(db)
-    with db:  # priced here now: nothing to do
-        assert lexical.update_lexical_index(db, lexical.LexicalChanges())["mode"] == "unchanged"
+    lexical.phrase_count_mode(1)
+    served = []
+    for _ in range(60):
+        scope = _scope(rng)
+        plan = plan_query(_task(rng))
+        if not plan.match:
+            continue
+        where, params = scope.where()
+        expected = fts_candidates(db, where, params, plan.match, 50)
+        with monkeypatch.context() as other:
+            other.setattr(lexical.bm25, "math", _OtherLibm())
+            lexical.query._STATES.clear()
+            served.append((lexical.top_candidates(db, scope.subject_id, where, params, plan.terms, 50), expected))
+        lexical.query._STATES.clear()
+    assert sum(got is not None and got != expected for got, expected in served) > 10
 
 
 STATEMENTS = ["Deploy smoke must pass before release.", "Smoke tests run on every deploy.",
@@ -435,7 +478,7 @@ def _answer(response) -> list:
     return [(i["claim_id"], i["score"], i["score_components"]) for i in data["items"]] + [data["conflicts"]]
 
 
-def test_a_compile_over_a_snapshot_priced_elsewhere_answers_as_the_fts5_query(api, monkeypatch):
+def test_a_compile_over_a_snapshot_built_elsewhere_answers_as_the_fts5_query(api, monkeypatch):
     from core.compile import retrieval
     key = api.key()
     for statement in STATEMENTS:
@@ -453,20 +496,20 @@ def test_a_compile_over_a_snapshot_priced_elsewhere_answers_as_the_fts5_query(ap
     real_top = retrieval.top_candidates
 
     def spy(db, *args, **kwargs):
-        assert lexical.recorded_fingerprint(db) == forged  # the snapshot says where it was priced
+        assert lexical.recorded_fingerprint(db) == forged  # the snapshot says where it was built
         got = real_top(db, *args, **kwargs)
         served.append(got is not None)
         return got
 
     monkeypatch.setattr(retrieval, "top_candidates", spy)
     answers = [_answer(api.compile(key, task)) for task in TASKS]
-    assert served == [False] * len(TASKS)  # never the stored contributions
+    assert served == [True] * len(TASKS)  # the candidate index answers, priced here
     monkeypatch.setattr(retrieval, "top_candidates", lambda *args, **kwargs: None)  # the FTS5 query path
     assert [_answer(api.compile(key, task)) for task in TASKS] == answers
     assert any(len(a) > 2 for a in answers)
 
 
-def test_the_next_rebuild_here_prices_again_a_generation_priced_elsewhere(api, monkeypatch):
+def test_a_generation_built_elsewhere_needs_no_rebuild_here(api, monkeypatch):
     key = api.key()
     for statement in STATEMENTS[:4]:
         api.observe(key, content=statement, claim={"statement": statement, "kind": "procedural",
@@ -476,10 +519,5 @@ def test_the_next_rebuild_here_prices_again_a_generation_priced_elsewhere(api, m
         other.setattr(lexical.bm25, "math", _OtherLibm())
         other.setattr(lexical.libm, "math", _OtherLibm())
         other.setattr(lexical.libm, "_fingerprint", None)
-        first = api.rebuild(key)
-    builder = api.service.builder("acme")
-    again = builder.rebuild()  # nothing new, but priced elsewhere: a new generation, priced here
-    assert again.published and again.entries_applied == 0 and again.generation == first["generation"] + 1
-    assert again.content_hash == first["content_hash"]
-    assert builder.lexical_stats["mode"] == "incremental" and builder.lexical_stats["lists"] > 0
-    assert not builder.rebuild().published  # priced here now: nothing to do
+        api.rebuild(key)
+    assert not api.service.builder("acme").rebuild().published  # nothing new: nothing stored is priced

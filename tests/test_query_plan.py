@@ -37,6 +37,7 @@ from core.compile.planning import plan_query
 from core.snapshot.build import SnapshotBuilder
 from core.snapshot.pointer import read_pointer
 from core.compile.retrieval import CompileScope, fts_candidates, hydrate, lexical_candidates
+from core.lexical import query as lexical_query
 from core.snapshot.reader import Snapshot, open_readonly
 from core.storage.local import LocalStore
 
@@ -190,22 +191,33 @@ def test_candidate_step_answers_from_postings(snapshot, scope_name, project):
     where, params = scope.where()
     for task in TASKS:
         plan = plan_query(task)
+        _unpriced(snapshot)
         seen = _traced(snapshot.db, lambda: lexical_candidates(snapshot, scope, plan))
         assert _statements(seen, r"FROM lex_postings"), f"no postings lookup for {task!r}: {seen}"
         assert not _statements(seen, r"MATCH"), f"{task!r} fell back to the FTS5 query"
         assert lexical_candidates(snapshot, scope, plan) == fts_candidates(snapshot.db, where, params, plan.match)
 
 
+def _unpriced(snapshot) -> None:
+    """Forget the lists this connection priced, so the next query reads them."""
+    lexical_query._STATES.pop(snapshot.db, None)
+
+
 def test_postings_are_looked_up_by_primary_key(snapshot):
     scope = _scope("organization", None)
     for task in TASKS:
         plan = plan_query(task)
+        _unpriced(snapshot)
         seen = _traced(snapshot.db, lambda: lexical_candidates(snapshot, scope, plan))
         for sql, bindings in _statements(seen, r"FROM lex_postings"):
             lines = _plan(snapshot.db, sql, bindings)
             access = [line for line in lines if "lex_postings" in line]
             assert access and all(line.startswith("SEARCH lex_postings USING PRIMARY KEY (subject_id=? AND term=?)")
                                   for line in access), f"lex_postings not by its key\nSQL: {sql}\nplan: {lines}"
+        for sql, bindings in _statements(seen, r"FROM lex_terms"):
+            lines = _plan(snapshot.db, sql, bindings)
+            assert all(line.startswith("SEARCH lex_terms USING PRIMARY KEY (term=?)") for line in lines
+                       if "lex_terms" in line), f"lex_terms not by its key\nSQL: {sql}\nplan: {lines}"
 
 
 def test_candidate_scope_checks_reach_claims_by_rowid(snapshot):

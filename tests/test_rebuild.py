@@ -266,15 +266,26 @@ def test_incremental_builds_keep_the_content_hash_and_the_candidate_index_exact(
                                                 (content_hash.META_KEY,)).fetchone()[0])
         assert stored == scan(db)  # the sums kept row by row are the sums of the rows
         assert content_hash.digest(stored) == pointer["content_hash"] == result["content_hash"]
-        incremental = (db.execute("SELECT * FROM lex_stats").fetchall(),
-                       db.execute("SELECT * FROM lex_postings ORDER BY subject_id, term").fetchall())
+        incremental = _lex_content(db)
         with db:
             lexical.build_lexical_index(db)
-        assert incremental == (db.execute("SELECT * FROM lex_stats").fetchall(),
-                               db.execute("SELECT * FROM lex_postings ORDER BY subject_id, term").fetchall())
+        assert incremental == _lex_content(db)
         db.close()
     scratch = api.service.builder("acme").rebuild(from_scratch=True)
     assert scratch.content_hash == result["content_hash"]
+
+
+def _lex_content(db) -> tuple:
+    """The candidate index's statistics, lists (blocks joined) and df."""
+    lists: dict = {}
+    for subject_id, term, rowids, tfdl in db.execute(
+            "SELECT subject_id, term, rowids, tfdl FROM lex_postings ORDER BY subject_id, term, first_rowid"):
+        rows, inputs = lists.setdefault((subject_id, term), (bytearray(), bytearray()))
+        rows += rowids
+        inputs += tfdl
+    return (db.execute("SELECT * FROM lex_stats").fetchall(),
+            sorted((k, bytes(r), bytes(t)) for k, (r, t) in lists.items()),
+            db.execute("SELECT * FROM lex_terms ORDER BY term").fetchall())
 
 
 def test_an_incremental_build_starts_from_the_kept_file_without_downloading(store, tmp_path, monkeypatch):

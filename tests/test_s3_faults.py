@@ -17,6 +17,7 @@ from conftest import ALL_SCOPES, Api, serialize_moto
 from core.config import Settings
 from core.snapshot.build import SnapshotBuilder
 from core.checksum import file_sha256
+from core.snapshot.pages import hash_file
 from core.snapshot.pointer import read_pointer
 from core.service import Service
 from core.snapshot.reader import SnapshotReader
@@ -53,16 +54,20 @@ def s3_store(monkeypatch):
 
 @pytest.fixture
 def unverified(monkeypatch):
-    """Every generation the reader opens, checked against its pointer's sha256."""
+    """Every generation the reader opens, checked against its pointer: the
+    file's sha256 when published whole, its page digest when made from deltas."""
     opened, bad = [], []
     load = SnapshotReader._load
 
-    def checked(self, org_id, pointer):
-        snapshot = load(self, org_id, pointer)
+    def checked(self, org_id, state, pointer):
+        snapshot, digests = load(self, org_id, state, pointer)
         opened.append(snapshot.generation)
-        if file_sha256(snapshot.path) != pointer["sha256"]:
+        if pointer.get("deltas"):
+            if hash_file(snapshot.path, whole=False)[1].digest() != pointer["digest"]:
+                bad.append(snapshot.generation)
+        elif file_sha256(snapshot.path) != pointer["sha256"]:
             bad.append(snapshot.generation)
-        return snapshot
+        return snapshot, digests
 
     monkeypatch.setattr(SnapshotReader, "_load", checked)
     return opened, bad

@@ -159,7 +159,8 @@ def test_a_killed_server_process_is_replaced_and_its_cache_directory_removed(tmp
         assert _wait(lambda: len([n for n in os.listdir(data / "cache") if n.startswith(SERVE_DIR_PREFIX)]) == 2)
         victim = min(_servers(served.pid))
         os.kill(victim, signal.SIGKILL)
-        assert _wait(lambda: len(_servers(served.pid)) == 2 and victim not in _servers(served.pid))
+        assert _wait(lambda: len(_servers(served.pid)) == 2 and victim not in _servers(served.pid), 120), \
+            served.log()[-3000:]
         assert _wait(lambda: not (data / "cache" / f"{SERVE_DIR_PREFIX}{victim}").exists())
 
 

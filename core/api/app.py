@@ -65,7 +65,10 @@ def create_app(service: Service) -> Starlette:
                 "organizations": len(loaded),
                 "last_refresh_error": next((s["last_refresh_error"] for s in states
                                             if s["last_refresh_error"]), None),
-                "last_eviction": next((s["last_eviction"] for s in states if s["last_eviction"]), None)}
+                "last_eviction": next((s["last_eviction"] for s in states if s["last_eviction"]), None),
+                # a generation got whole because its deltas could not be applied here
+                "last_delta_fallback": next((s["last_delta_fallback"] for s in states
+                                             if s["last_delta_fallback"]), None)}
         if unavailable:
             data["reason"] = unavailable[0]
         if vector_error:

@@ -117,7 +117,7 @@ SCHEMAS: dict[str, Any] = {
     "Ready": _obj({"status": _s("string", enum=["ready", "not_ready"]), "generation": INT,
                    "generation_age_seconds": _s(["number", "null"]), "claim_count": INT,
                    "vector": _s("string", enum=["disabled", "enabled", "error"]), "organizations": INT,
-                   "last_refresh_error": NSTR, "last_eviction": NSTR,
+                   "last_refresh_error": NSTR, "last_eviction": NSTR, "last_delta_fallback": NSTR,
                    "reason": _s("string", description="why not_ready"), "vector_error": STR},
                   ("status", "generation", "generation_age_seconds", "claim_count", "vector", "organizations",
                    "last_refresh_error")),

@@ -15,41 +15,46 @@ Build side, run on the work database after the last change to
   the total token count, read from the FTS5 averages record itself — and the
   raw averages record, so a reader can check the tables still describe the
   index it sits next to.
-- ``lex_postings(subject_id, term, n, ub, rowids, contribs, tfdl)``: for every
-  subject and every indexed token, the rowids of that subject's indexed
-  claims containing the token (ascending, packed int32/int64), parallel to
-  them each posting's exact bm25 contribution (packed float64), computed
-  with FTS5's formula and operation order::
+- ``lex_postings(subject_id, term, first_rowid, n, rowids, tfdl)``: for
+  every subject and every indexed token, the rowids of that subject's
+  indexed claims containing the token (ascending, packed int32/int64) and,
+  parallel to them, each posting's raw inputs ``tf << 32 | D`` (packed
+  uint64: the row's term frequency and token count), cut into blocks keyed
+  by their first rowid (``bm25.BLOCK_POSTINGS``, ``bm25.TAIL_POSTINGS``).
+- ``lex_terms(term, df)``: each token's document frequency over the whole
+  index.
+
+No stored value depends on N, avgdl or df: a posting's bm25 contribution
+is priced at query time, with FTS5's formula and operation order::
 
       idf = log((N - df + 0.5) / (df + 0.5)), 1e-6 if <= 0   (df over the whole index)
       c   = idf * ((tf * (k1 + 1.0)) / (tf + k1 * (1 - b + b * D / avgdl)))
 
-  with k1 = 1.2, b = 0.75, D the row's token count, avgdl = total / N, and
-  the raw inputs ``tf << 32 | D`` (packed uint64). ``ub`` is the largest
-  contribution in the list.
+  with k1 = 1.2, b = 0.75, avgdl = total / N, elementwise in numpy (one
+  rounding per operation, as in C) and with this process's log() — the one
+  its FTS5 calls — so the sums equal FTS5's bit for bit wherever they run.
+  So a new claim changes only the blocks of the lists it is in and its
+  terms' df: a few pages of the file, which is what lets a generation be
+  published as a page delta (core/snapshot/delta.py).
 
 ``build.build_lexical_index`` writes them whole from FTS5 itself (an ``fts5vocab``
 instance table, so tokenization is FTS5's by construction; row sizes from
 ``claims_fts_docsize``). ``build.update_lexical_index`` is the incremental build:
-every FTS insert or delete moves N, avgdl and df, hence *every*
-contribution, so it patches only the lists of the rows that changed (their
-tokens from FTS5's own tokenizer, checked against the averages record and
-the docsize table; any disagreement falls back to the whole build) and then
-recomputes every list's contributions from its stored ``tfdl`` — one
-dictionary of the list's distinct (tf, D) pairs, mapped over the list in C.
-Both give byte-identical tables (tests/test_lexical.py).
+it edits the blocks of the lists of the rows that changed (their tokens
+from FTS5's own tokenizer, checked against the averages record and the
+docsize table; any disagreement falls back to the whole build) and their
+terms' df. Both hold the same lists and df (tests/test_lexical.py).
 
 Query side (``top_candidates`` here, the sums in ``query``): the phrases' tokens (same tokenizer, via
-``Connection.fts5_tokenizer``) → their lists for the scope's subject, read as
-numpy views of the stored blobs → every matching row's score summed in C
+``Connection.fts5_tokenizer``) → their lists for the scope's subject, priced from their (tf, D) with the
+index's N, avgdl and df (once per snapshot connection) → every matching row's score summed in C
 (``numpy.bincount`` over the lists concatenated in phrase order: the same
 additions in the same order as FTS5's bm25(), so bit-identical sums) → the
 best rows by score, scope-checked in that order by the caller's own predicate
 SQL until k are in scope, then every row tying the k-th score, sorted by
 (bm25, claim_id) as the FTS5 query orders them. Whenever an exact answer
 cannot be guaranteed (tables missing or stale, a term that is not exactly one
-token, contributions priced by another libm's log(): see
-``libm``) ``top_candidates`` returns None and the caller runs
+token) ``top_candidates`` returns None and the caller runs
 the FTS5 query (``core.compile.retrieval.fts_candidates``), which stays the
 reference.
 

@@ -11,11 +11,11 @@ candidate index tokenizes with it.
 from __future__ import annotations
 
 import math
-from array import array
 
 import apsw
+import numpy as np
 
-LEX_VERSION = 2
+LEX_VERSION = 3
 K1 = 1.2
 B = 0.75
 FTS_TOKENIZER = "porter unicode61 remove_diacritics 2"
@@ -40,14 +40,26 @@ CREATE TABLE lex_stats(
 CREATE TABLE lex_postings(
   subject_id TEXT NOT NULL,
   term TEXT NOT NULL,
+  first_rowid INTEGER NOT NULL,
   n INTEGER NOT NULL,
-  ub REAL NOT NULL,
   rowids BLOB NOT NULL,
-  contribs BLOB NOT NULL,
   tfdl BLOB NOT NULL,
-  PRIMARY KEY(subject_id, term)
+  PRIMARY KEY(subject_id, term, first_rowid)
+) WITHOUT ROWID;
+CREATE TABLE lex_terms(
+  term TEXT PRIMARY KEY,
+  df INTEGER NOT NULL
 ) WITHOUT ROWID;
 """
+
+# A (subject, term) list is stored as blocks of ascending rowids keyed by
+# their first rowid: the whole build cuts blocks of BLOCK_POSTINGS; the
+# incremental build appends to the last block only while it holds fewer than
+# TAIL_POSTINGS, else starts a new one. So a few new claims rewrite a few
+# small rows (and a few pages of the file: core/snapshot/delta.py), while a
+# frequent term is still read as a few hundred rows.
+BLOCK_POSTINGS = 1024
+TAIL_POSTINGS = 128
 
 AVERAGES_SQL = "SELECT block FROM claims_fts_data WHERE id = 1"
 
@@ -89,9 +101,18 @@ TF_SHIFT = 32
 DL_MASK = (1 << TF_SHIFT) - 1
 
 
-def price_list(idf: float, avgdl: float, tfdl: array) -> tuple[array, float]:
-    """A list's contributions (and their maximum) from its packed (tf, D)
-    inputs; both build paths price postings here, so they agree bit for bit."""
-    table = {key: contribution(idf, float(key >> TF_SHIFT), float(key & DL_MASK), avgdl)
-             for key in set(tfdl)}
-    return array("d", map(table.__getitem__, tfdl)), max(table.values())
+def ratios(tfdl: np.ndarray, avgdl: float) -> np.ndarray:
+    """Each posting's ``(tf * (k1 + 1)) / (tf + k1 * (1 - b + b * D / avgdl))``
+    from its packed (tf, D), elementwise in FTS5's operation order (every
+    numpy ufunc rounds once, as the C expression does, so the values equal
+    ``contribution``'s bit for bit once multiplied by idf)."""
+    tf = (tfdl >> np.uint64(TF_SHIFT)).astype(np.float64)
+    dl = (tfdl & np.uint64(DL_MASK)).astype(np.float64)
+    return (tf * (K1 + 1.0)) / (tf + K1 * ((1 - B) + (B * dl) / avgdl))
+
+
+def contributions(idf: float, tfdl: np.ndarray, avgdl: float) -> np.ndarray:
+    """A list's bm25 contributions, priced now: with the N, avgdl and df of
+    the index being queried and this process's log() (the libm FTS5 calls
+    too), so stored postings never depend on corpus-wide statistics."""
+    return idf * ratios(tfdl, avgdl)

@@ -1,14 +1,17 @@
 """Building the candidate index: whole from FTS5, or incrementally.
 
-``build_lexical_index`` writes ``lex_stats`` and ``lex_postings`` whole from
-FTS5 itself (an ``fts5vocab`` instance table, so tokenization is FTS5's by
-construction; row sizes from ``claims_fts_docsize``). ``update_lexical_index``
-is the incremental build: every FTS insert or delete moves N, avgdl and df,
-hence *every* contribution, so it patches only the lists of the rows that
-changed (their tokens from FTS5's own tokenizer, checked against the
-averages record and the docsize table; any disagreement falls back to the
-whole build) and then recomputes every list's contributions from its stored
-``tfdl``. Both give byte-identical tables (tests/test_lexical.py).
+``build_lexical_index`` writes ``lex_stats``, ``lex_postings`` and
+``lex_terms`` whole from FTS5 itself (an ``fts5vocab`` instance table, so
+tokenization is FTS5's by construction; row sizes from
+``claims_fts_docsize``). ``update_lexical_index`` is the incremental build:
+postings hold only each row's own (tf, D), never a bm25 contribution (those
+depend on N, avgdl and df, which every insert moves, and are priced at
+query time: ``core.lexical.query``), so it edits only the blocks of the
+lists the changed rows are in (their tokens from FTS5's own tokenizer,
+checked against the averages record and the docsize table; any
+disagreement falls back to the whole build) and those terms' df. Both
+builds hold the same lists and df, cut into blocks differently
+(tests/test_lexical.py).
 """
 
 from __future__ import annotations
@@ -20,12 +23,12 @@ from collections import defaultdict
 
 import apsw
 
-from core.lexical.bm25 import (FTS_TOKENIZER_ARGS, LEX_DDL, LEX_VERSION, TF_SHIFT, idf_for, price_list,
+from core.lexical.bm25 import (BLOCK_POSTINGS, FTS_TOKENIZER_ARGS, LEX_DDL, LEX_VERSION, TAIL_POSTINGS, TF_SHIFT,
                                read_averages, varint)
-from core.lexical.libm import LIBM_META_KEY, platform_fingerprint, priced_here, recorded_fingerprint
+from core.lexical.libm import LIBM_META_KEY, platform_fingerprint
 from core.meta_table import write_meta
 
-_INSERT = "INSERT INTO lex_postings(subject_id, term, n, ub, rowids, contribs, tfdl) VALUES(?, ?, ?, ?, ?, ?, ?)"
+_INSERT = "INSERT INTO lex_postings(subject_id, term, first_rowid, n, rowids, tfdl) VALUES(?, ?, ?, ?, ?, ?)"
 
 
 def _write_stats(db: apsw.Connection, averages: bytes, n_rows: int, n_tokens: int, rowid_type: str) -> None:
@@ -33,7 +36,7 @@ def _write_stats(db: apsw.Connection, averages: bytes, n_rows: int, n_tokens: in
     db.execute("INSERT INTO lex_stats(id, version, n_rows, n_tokens, averages, rowid_type, byteorder)"
                " VALUES(1, ?, ?, ?, ?, ?, ?)",
                (LEX_VERSION, n_rows, n_tokens, averages, rowid_type, sys.byteorder))
-    # both build paths price every list after this, with this process's log()
+    # what built it (informational: contributions are priced by the reader)
     write_meta(db, **{LIBM_META_KEY: platform_fingerprint()})
 
 
@@ -47,14 +50,13 @@ def build_lexical_index(db: apsw.Connection) -> dict:
 
     Run inside the build's write transaction after the last change to
     claims_fts."""
-    db.execute("DROP TABLE IF EXISTS lex_stats; DROP TABLE IF EXISTS lex_postings")
+    db.execute("DROP TABLE IF EXISTS lex_stats; DROP TABLE IF EXISTS lex_postings; DROP TABLE IF EXISTS lex_terms")
     db.execute(LEX_DDL)
     averages, n_rows, n_tokens = read_averages(db)
     rowid_type = _rowid_type(db)
     _write_stats(db, averages, n_rows, n_tokens, rowid_type)
     if n_rows == 0:
         return {"mode": "whole", "n_rows": 0, "terms": 0, "postings": 0, "lists": 0}
-    avgdl = float(n_tokens) / float(n_rows)
     doclen: dict[int, int] = {}
     for rowid, size in db.execute("SELECT id, sz FROM claims_fts_docsize"):
         doclen[rowid] = varint(size, 0)[0]
@@ -67,7 +69,6 @@ def build_lexical_index(db: apsw.Connection) -> dict:
     stats = {"mode": "whole", "n_rows": n_rows, "terms": 0, "postings": 0, "lists": 0}
 
     def flush(term: str, docs: list[int], tfs: list[int]) -> None:
-        idf = idf_for(n_rows, len(docs))
         by_subject: dict[str, tuple[array, array]] = defaultdict(lambda: (array(rowid_type), array("Q")))
         for rowid, tf in zip(docs, tfs):
             rows, tfdl = by_subject[subject_of[rowid]]
@@ -75,9 +76,12 @@ def build_lexical_index(db: apsw.Connection) -> dict:
             tfdl.append(tf << TF_SHIFT | doclen[rowid])
         out = []
         for subject, (rows, tfdl) in by_subject.items():
-            contribs, ub = price_list(idf, avgdl, tfdl)
-            out.append((subject, term, len(rows), ub, rows.tobytes(), contribs.tobytes(), tfdl.tobytes()))
+            for at in range(0, len(rows), BLOCK_POSTINGS):
+                block = rows[at:at + BLOCK_POSTINGS]
+                out.append((subject, term, block[0], len(block), block.tobytes(),
+                            tfdl[at:at + BLOCK_POSTINGS].tobytes()))
         db.executemany(_INSERT, out)
+        db.execute("INSERT INTO lex_terms(term, df) VALUES(?, ?)", (term, len(docs)))
         stats["terms"] += 1
         stats["postings"] += len(docs)
         stats["lists"] += len(out)
@@ -119,17 +123,107 @@ class LexicalChanges:
             self.rows.append((rowid, subject_id, statement, -1))
 
 
+class _List:
+    """One (subject, term) list's blocks, edited in memory, written back by
+    block: only the blocks an edit touched are rewritten."""
+
+    def __init__(self, db: apsw.Connection, subject_id: str, term: str, rowid_type: str):
+        self.db, self.subject_id, self.term, self.rowid_type = db, subject_id, term, rowid_type
+        self.firsts: list[int] = []
+        self.blocks: list[tuple[array, array]] = []
+        for first, rowids, tfdl in db.execute(
+                "SELECT first_rowid, rowids, tfdl FROM lex_postings WHERE subject_id = ? AND term = ?"
+                " ORDER BY first_rowid", (subject_id, term)):
+            rows, inputs = array(rowid_type), array("Q")
+            rows.frombytes(rowids)
+            inputs.frombytes(tfdl)
+            self.firsts.append(first)
+            self.blocks.append((rows, inputs))
+        self.original = set(self.firsts)
+        self.dirty: set[int] = set()  # indexes into blocks
+
+    def _holding(self, rowid: int) -> int:
+        """The block whose range holds ``rowid`` (-1: before every block)."""
+        return bisect_left(self.firsts, rowid + 1) - 1
+
+    def remove(self, rowid: int) -> bool:
+        b = self._holding(rowid)
+        if b < 0:
+            return False
+        rows, inputs = self.blocks[b]
+        i = bisect_left(rows, rowid)
+        if i < len(rows) and rows[i] == rowid:
+            del rows[i]
+            del inputs[i]
+            self.dirty.add(b)
+            return True
+        return False
+
+    def add(self, rowid: int, key: int) -> bool:
+        """Insert or replace one posting; True when the row is new to the list."""
+        b = self._holding(rowid)
+        if b >= 0:
+            rows, inputs = self.blocks[b]
+            i = bisect_left(rows, rowid)
+            if i < len(rows) and rows[i] == rowid:
+                inputs[i] = key
+                self.dirty.add(b)
+                return False
+            if b == len(self.blocks) - 1 and i == len(rows) and len(rows) >= TAIL_POSTINGS:
+                b = -2  # past a full last block: a new one
+            else:
+                rows.insert(i, rowid)
+                inputs.insert(i, key)
+                self.dirty.add(b)
+                return True
+        if b == -1 and self.blocks:  # before the first block: it grows downwards (a new key)
+            rows, inputs = self.blocks[0]
+            rows.insert(0, rowid)
+            inputs.insert(0, key)
+            self.firsts[0] = rowid
+            self.dirty.add(0)
+            return True
+        rows, inputs = array(self.rowid_type, [rowid]), array("Q", [key])
+        self.firsts.append(rowid)
+        self.blocks.append((rows, inputs))
+        self.dirty.add(len(self.blocks) - 1)
+        return True
+
+    def write(self) -> None:
+        keep = set()
+        for b in sorted(self.dirty):
+            first, (rows, inputs) = self.firsts[b], self.blocks[b]
+            if rows and rows[0] != first:  # its first row left: the block is keyed by its new first
+                first = self.firsts[b] = rows[0]
+            if rows:
+                keep.add(first)
+        for b in sorted(self.dirty):
+            first, (rows, inputs) = self.firsts[b], self.blocks[b]
+            if not rows:
+                continue
+            if first in self.original:
+                self.db.execute("UPDATE lex_postings SET n = ?, rowids = ?, tfdl = ? WHERE subject_id = ?"
+                                " AND term = ? AND first_rowid = ?",
+                                (len(rows), rows.tobytes(), inputs.tobytes(), self.subject_id, self.term, first))
+            else:
+                self.db.execute(_INSERT, (self.subject_id, self.term, first, len(rows), rows.tobytes(),
+                                          inputs.tobytes()))
+        live = {first for first, (rows, _) in zip(self.firsts, self.blocks) if rows}
+        for gone in self.original - live:
+            self.db.execute("DELETE FROM lex_postings WHERE subject_id = ? AND term = ? AND first_rowid = ?",
+                            (self.subject_id, self.term, gone))
+
+
 def update_lexical_index(db: apsw.Connection, changes: LexicalChanges, progress=None) -> dict:
-    """Bring lex_stats/lex_postings up to date after ``changes`` to claims_fts;
-    the same tables ``build_lexical_index`` would write, faster. Run it in a
+    """Bring lex_stats/lex_postings/lex_terms up to date after ``changes`` to
+    claims_fts: the same lists and df ``build_lexical_index`` would write,
+    touching only the blocks of the lists the changes are in. Run it in a
     transaction after the one that made the changes: FTS5 writes its
     statistics out when that one commits.
 
     Falls back to the whole build when there is no current-version index to
     start from, when the rowid width must grow, or when the changes do not
-    account exactly for the index's new statistics. Lists priced with another
-    libm (see ``platform_fingerprint``) are priced again even if nothing
-    changed."""
+    account exactly for the index's new statistics."""
     progress = progress or (lambda message: None)
     try:
         row = db.execute("SELECT version, n_rows, n_tokens, rowid_type, byteorder FROM lex_stats"
@@ -141,14 +235,9 @@ def update_lexical_index(db: apsw.Connection, changes: LexicalChanges, progress=
         return build_lexical_index(db)
     _, old_rows, old_tokens, _, _ = row
     averages, n_rows, n_tokens = read_averages(db)
-    recorded = recorded_fingerprint(db)
-    foreign = not priced_here(recorded)
-    if not changes.rows and (n_rows, n_tokens) == (old_rows, old_tokens) and not foreign:
+    if not changes.rows and (n_rows, n_tokens) == (old_rows, old_tokens):
         # nothing entered or left the index: every list is still exact
         return {"mode": "unchanged", "n_rows": n_rows, "terms": 0, "postings": 0, "lists": 0, "edited": 0}
-    if foreign:
-        progress(f"candidate index: priced under libm {recorded!r}, here {platform_fingerprint()!r};"
-                 " pricing every list again")
 
     # 1. the changed rows' postings, from FTS5's own tokenizer
     tokenizer = db.fts5_tokenizer(*FTS_TOKENIZER_ARGS)
@@ -178,58 +267,33 @@ def update_lexical_index(db: apsw.Connection, changes: LexicalChanges, progress=
         progress("candidate index: the changes do not account for the new statistics; building it whole")
         return build_lexical_index(db)
     _write_stats(db, averages, n_rows, n_tokens, rowid_type)
-    if n_rows == 0:
-        db.execute("DELETE FROM lex_postings")
-        return {"mode": "incremental", "n_rows": 0, "terms": 0, "postings": 0, "lists": 0, "edited": 0}
 
-    # 2. edit the touched lists (rowids and inputs only; priced in step 3)
+    # 2. edit the touched lists' blocks, and their terms' df
+    df_moved: dict[str, int] = {}
+    postings = 0
     for (subject_id, term), (removed, added) in sorted(edits.items()):
-        found = db.execute("SELECT rowids, tfdl FROM lex_postings WHERE subject_id = ? AND term = ?",
-                           (subject_id, term)).fetchone()
-        rows, tfdl = array(rowid_type), array("Q")
-        if found is not None:
-            rows.frombytes(found[0])
-            tfdl.frombytes(found[1])
-        for rowid in removed:
-            i = bisect_left(rows, rowid)
-            if i < len(rows) and rows[i] == rowid:
-                del rows[i]
-                del tfdl[i]
+        edited = _List(db, subject_id, term, rowid_type)
+        moved = 0
+        for rowid in sorted(removed):
+            moved -= edited.remove(rowid)
         for rowid in sorted(added):
-            i = bisect_left(rows, rowid)
-            if i < len(rows) and rows[i] == rowid:
-                tfdl[i] = added[rowid]
-            else:
-                rows.insert(i, rowid)
-                tfdl.insert(i, added[rowid])
-        if not rows:
-            db.execute("DELETE FROM lex_postings WHERE subject_id = ? AND term = ?", (subject_id, term))
-        elif found is None:
-            # priced in step 3 like every other list
-            db.execute(_INSERT, (subject_id, term, len(rows), 0.0, rows.tobytes(), b"", tfdl.tobytes()))
+            moved += edited.add(rowid, added[rowid])
+        edited.write()
+        df_moved[term] = df_moved.get(term, 0) + moved
+        postings += len(removed) + len(added)
+    for term, moved in sorted(df_moved.items()):
+        if not moved:
+            continue
+        found = db.execute("SELECT df FROM lex_terms WHERE term = ?", (term,)).fetchone()
+        df = (found[0] if found else 0) + moved
+        if df < 0:
+            progress("candidate index: a term's df went negative; building it whole")
+            return build_lexical_index(db)
+        if df == 0:
+            db.execute("DELETE FROM lex_terms WHERE term = ?", (term,))
+        elif found:
+            db.execute("UPDATE lex_terms SET df = ? WHERE term = ?", (df, term))
         else:
-            db.execute("UPDATE lex_postings SET n = ?, rowids = ?, tfdl = ? WHERE subject_id = ? AND term = ?",
-                       (len(rows), rows.tobytes(), tfdl.tobytes(), subject_id, term))
-
-    # 3. N, avgdl and df moved: price every list again
-    avgdl = float(n_tokens) / float(n_rows)
-    df = dict(db.execute("SELECT term, sum(n) FROM lex_postings GROUP BY term"))
-    idf = {term: idf_for(n_rows, d) for term, d in df.items()}
-    stats = {"mode": "incremental", "n_rows": n_rows, "terms": len(df), "postings": sum(df.values()),
-             "lists": 0, "edited": len(edits)}
-    after: tuple = ("", "")
-    while True:
-        batch = db.execute("SELECT subject_id, term, tfdl FROM lex_postings WHERE (subject_id, term) > (?, ?)"
-                           " ORDER BY subject_id, term LIMIT 2000", after).fetchall()
-        if not batch:
-            break
-        out = []
-        for subject_id, term, raw in batch:
-            tfdl = array("Q")
-            tfdl.frombytes(raw)
-            contribs, ub = price_list(idf[term], avgdl, tfdl)
-            out.append((ub, contribs.tobytes(), subject_id, term))
-        db.executemany("UPDATE lex_postings SET ub = ?, contribs = ? WHERE subject_id = ? AND term = ?", out)
-        stats["lists"] += len(out)
-        after = batch[-1][:2]
-    return stats
+            db.execute("INSERT INTO lex_terms(term, df) VALUES(?, ?)", (term, df))
+    return {"mode": "incremental", "n_rows": n_rows, "terms": len(df_moved), "postings": postings,
+            "lists": len(edits), "edited": len(edits)}

@@ -1,13 +1,13 @@
-"""The libm the stored contributions were priced with.
+"""The libm a snapshot's candidate index was built with: a record, no longer a gate.
 
-Every other step of a contribution is IEEE arithmetic, the same everywhere;
-log() is the C library's, and FTS5 calls the log() of the machine serving
-the query. A snapshot built on one platform (an operator's x86_64 laptop)
-and served on another (arm64 Lambda) therefore equals the serving FTS5 only
-if both libms agree. The builder records its fingerprint in the snapshot's
-meta table under LIBM_META_KEY; a reader whose own fingerprint differs does
-not use the stored contributions (the FTS5 query answers), and the next
-build on the reader's platform prices every list again.
+Every step of a bm25 contribution is IEEE arithmetic, the same everywhere,
+but log(); FTS5 calls the log() of the machine serving the query. Postings
+used to store contributions priced at build time, so a snapshot built on
+one platform (an operator's x86_64 laptop) and served on another (arm64
+Lambda) was exact only if both libms agreed. Postings now keep only (tf, D)
+and the reader prices them with its own log() (``core.lexical.query``), so
+the builder's fingerprint, still recorded in the snapshot's meta table
+under LIBM_META_KEY, only says where a generation was built.
 """
 
 from __future__ import annotations

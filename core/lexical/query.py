@@ -1,8 +1,10 @@
 """The candidate index, queried: the best in-scope rows by bm25, exactly.
 
 The phrases' tokens (FTS5's tokenizer, via ``Connection.fts5_tokenizer``)
-→ their lists for the scope's subject, read as numpy views of the stored
-blobs → every matching row's score summed in C (``numpy.bincount`` over the
+→ their lists for the scope's subject (the stored blocks concatenated) and
+their df → each posting's contribution priced now from its (tf, D) with
+this index's N and avgdl (``bm25.contributions``; a list priced once is
+kept for the connection, which is immutable) → every matching row's score summed in C (``numpy.bincount`` over the
 lists concatenated in phrase order: the same additions in the same order as
 FTS5's bm25(), so bit-identical sums) → the best rows by score,
 scope-checked in that order by the caller's own predicate SQL until k are
@@ -13,7 +15,6 @@ as the FTS5 query orders them. How the platform's FTS5 adds the phrases
 
 from __future__ import annotations
 
-import logging
 import sys
 import weakref
 from array import array
@@ -21,18 +22,25 @@ from array import array
 import apsw
 import numpy as np
 
-from core.lexical.bm25 import (B, DL_MASK, FTS_TOKENIZER_ARGS, K1, LEX_VERSION, TF_SHIFT, idf_for,
-                               read_averages)
-from core.lexical.libm import platform_fingerprint, priced_here, recorded_fingerprint
+from core.lexical.bm25 import (B, DL_MASK, FTS_TOKENIZER_ARGS, K1, LEX_VERSION, TF_SHIFT, contributions,
+                               idf_for, read_averages)
+from core.lexical.libm import recorded_fingerprint
+
+# priced lists kept per connection, at most this many bytes each
+PRICED_CACHE_BYTES = 16 << 20
+
 
 class _State:
-    __slots__ = ("ok", "tokenizer", "rowid_type", "rowid_dtype", "token_cache", "vocab_rows", "n_rows", "avgdl",
-                 "libm")
+    __slots__ = ("ok", "tokenizer", "rowid_type", "rowid_dtype", "token_cache", "n_rows", "avgdl",
+                 "libm", "priced", "priced_bytes")
 
     def __init__(self, db: apsw.Connection):
         self.ok = False
-        self.vocab_rows = None  # the fts5vocab table the fused sums read df from, once created
         self.token_cache: dict[str, str | None] = {}
+        # (subject, term) -> (rowids, contributions, tfdl, idf): a snapshot
+        # connection never changes, so a list is priced once per connection
+        self.priced: dict[tuple[str, str], tuple] = {}
+        self.priced_bytes = 0
         try:
             row = db.execute("SELECT version, n_rows, averages, rowid_type, byteorder, n_tokens FROM lex_stats"
                              " WHERE id = 1").fetchone()
@@ -47,14 +55,9 @@ class _State:
         current, current_rows, _ = read_averages(db)
         self.ok = (version == LEX_VERSION and byteorder == sys.byteorder and bytes(averages) == current
                    and n_rows == current_rows)
+        # where it was built (informational: contributions are priced here,
+        # with this process's log(), the one this process's FTS5 calls)
         self.libm = recorded_fingerprint(db)
-        if self.ok and not priced_here(self.libm):
-            # priced by another libm (or by a build that did not say): the
-            # contributions may be an ulp from this platform's FTS5
-            self.ok = False
-            logging.getLogger("titen").warning(
-                "candidate index priced under libm %r, here %r: the FTS5 query answers until a build here",
-                self.libm, platform_fingerprint())
         self.tokenizer = db.fts5_tokenizer(*FTS_TOKENIZER_ARGS)
 
     def token(self, term: str) -> str | None:
@@ -134,12 +137,7 @@ def _top_candidates(db: apsw.Connection, subject_id: str, where: str, params: li
     if not tokens:
         return []
     distinct = list(dict.fromkeys(tokens))
-    marks = ",".join("?" * len(distinct))
-    lists = {}  # token -> (rowids, contributions), views of the stored blobs
-    for term, rowids, contribs in db.execute(
-            f"SELECT term, rowids, contribs FROM lex_postings WHERE subject_id = ? AND term IN ({marks})",
-            [subject_id, *distinct]):
-        lists[term] = (np.frombuffer(rowids, dtype=state.rowid_dtype), np.frombuffer(contribs, dtype=np.float64))
+    lists = _lists(db, state, subject_id, distinct)  # token -> (rowids, contributions, tfdl, idf)
     phrases = [tok for tok in tokens if tok in lists]  # query order, repeats kept: one phrase each
     if not phrases:
         return []
@@ -148,7 +146,7 @@ def _top_candidates(db: apsw.Connection, subject_id: str, where: str, params: li
     if fused:
         # the plain sums rank and cut (an ulp from the fused ones); the fused
         # sums, exact, are computed for the finalists only
-        last_rows, last_contribs = lists[tokens[-1]]
+        last_rows, last_contribs = lists[tokens[-1]][:2]
         size = max(int(lists[tok][0][-1]) for tok in phrases) + 1
         head = (np.bincount(np.concatenate([lists[tok][0] for tok in phrases[:-1]]),
                             weights=np.concatenate([lists[tok][1] for tok in phrases[:-1]]), minlength=size)
@@ -158,7 +156,7 @@ def _top_candidates(db: apsw.Connection, subject_id: str, where: str, params: li
         docs = np.flatnonzero(dense)
         scores = dense[docs]
     elif len(phrases) == 1:
-        docs, scores = lists[phrases[0]]
+        docs, scores = lists[phrases[0]][:2]
     else:
         # FTS5 sums a row's phrase contributions in phrase order, from 0.0;
         # bincount adds its weights into each bin in input order: the lists
@@ -192,33 +190,64 @@ def _top_candidates(db: apsw.Connection, subject_id: str, where: str, params: li
         in_scope = [i for i, rowid in zip(tied.tolist(), rowids) if rowid in ids]
     finalists = docs[in_scope]
     if fused:
-        final = _fused_sums(db, state, tokens[-1], finalists, head, last_rows,
-                            _tfdl(db, subject_id, tokens[-1]))
+        final = _fused_sums(state, finalists, head, last_rows, lists[tokens[-1]][2], lists[tokens[-1]][3])
     else:
         final = scores[in_scope].tolist()
     best = sorted((-1.0 * score, ids[rowid], rowid) for score, rowid in zip(final, finalists.tolist()))
     return [(rowid, bm25) for bm25, _, rowid in best[:k]]
 
 
-def _tfdl(db: apsw.Connection, subject_id: str, token: str) -> np.ndarray:
-    """One list's packed (tf, D) inputs."""
-    raw = db.execute("SELECT tfdl FROM lex_postings WHERE subject_id = ? AND term = ?", (subject_id, token)).fetchone()
-    return np.frombuffer(raw[0], dtype=np.uint64)
+def _lists(db: apsw.Connection, state: _State, subject_id: str, distinct: list[str]) -> dict:
+    """The subject's lists of ``distinct`` tokens, priced: token → (rowids,
+    contributions, tfdl, idf), rowids ascending."""
+    lists = {}
+    todo = []
+    for term in distinct:
+        hit = state.priced.get((subject_id, term))
+        if hit is not None:
+            lists[term] = hit
+        else:
+            todo.append(term)
+    if not todo:
+        return lists
+    marks = ",".join("?" * len(todo))
+    blocks: dict[str, list] = {}
+    for term, first, rowids, tfdl in db.execute(
+            f"SELECT term, first_rowid, rowids, tfdl FROM lex_postings WHERE subject_id = ? AND term IN ({marks})",
+            [subject_id, *todo]):
+        blocks.setdefault(term, []).append((first, rowids, tfdl))
+    if not blocks:
+        return lists
+    df = dict(db.execute(f"SELECT term, df FROM lex_terms WHERE term IN ({marks})", todo))
+    for term, found in blocks.items():
+        found.sort(key=lambda block: block[0])
+        if len(found) == 1:
+            rowids = np.frombuffer(found[0][1], dtype=state.rowid_dtype)
+            tfdl = np.frombuffer(found[0][2], dtype=np.uint64)
+        else:
+            rowids = np.frombuffer(b"".join(block[1] for block in found), dtype=state.rowid_dtype)
+            tfdl = np.frombuffer(b"".join(block[2] for block in found), dtype=np.uint64)
+        idf = idf_for(state.n_rows, df[term])
+        priced = (rowids, contributions(idf, tfdl, state.avgdl), tfdl, idf)
+        lists[term] = priced
+        size = rowids.nbytes * 2 + tfdl.nbytes * 2
+        if state.priced_bytes + size > PRICED_CACHE_BYTES:
+            state.priced.clear()
+            state.priced_bytes = 0
+        if size <= PRICED_CACHE_BYTES:
+            state.priced[(subject_id, term)] = priced
+            state.priced_bytes += size
+    return lists
 
 
-def _fused_sums(db: apsw.Connection, state, token: str, finalists: np.ndarray, head: np.ndarray,
-                last_rows: np.ndarray, last_tfdl: np.ndarray) -> list[float]:
+def _fused_sums(state, finalists: np.ndarray, head: np.ndarray, last_rows: np.ndarray,
+                last_tfdl: np.ndarray, last_idf: float) -> list[float]:
     """fma(ratio, idf, head sum) for rows holding the last phrase, with one
     rounding (exact rationals: no math.fma before Python 3.13); the head sum
     alone for the others."""
     from fractions import Fraction
-    n_rows, avgdl = state.n_rows, state.avgdl
-    if state.vocab_rows is None:
-        db.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.lex_vocab_rows"
-                   " USING fts5vocab(main, 'claims_fts', 'row')")
-        state.vocab_rows = True
-    df = db.execute("SELECT doc FROM temp.lex_vocab_rows WHERE term = ?", (token,)).fetchone()[0]
-    idf = Fraction(idf_for(n_rows, df))
+    avgdl = state.avgdl
+    idf = Fraction(last_idf)
     at = np.searchsorted(last_rows, finalists)
     out = []
     for rowid, i in zip(finalists.tolist(), at.tolist()):

@@ -165,7 +165,8 @@ class RebuildRunner:
                 "published": result.published, "generation": result.generation,
                 "entries_applied": result.entries_applied, "claim_count": result.claim_count,
                 "content_hash": result.content_hash, "snapshot_key": result.snapshot_key,
-                "seconds": round(result.seconds, 3), "bytes": result.snapshot_bytes}
+                "seconds": round(result.seconds, 3), "bytes": result.snapshot_bytes,
+                "published_bytes": result.published_bytes}
         if result.published and result.oldest_applied_ms is not None:
             line["freshness_lag_seconds"] = round(max(0.0, time.time() - result.oldest_applied_ms / 1000), 3)
         # every build's own metrics (a queued request may take two builds: core/rebuild/queue.py)

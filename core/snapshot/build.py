@@ -1,8 +1,11 @@
 """Building one organization's next generation: previous file + new ledger entries.
 
 previous snapshot + ledger entries after its watermark → a new SQLite file
-→ published (``core.snapshot.publish``) under a new generation with its
-sha256. The rules this module enforces:
+→ published (``core.snapshot.publish``) under a new generation: as the
+pages it changed (a delta, ``core.snapshot.delta``: the work file runs in
+WAL mode from the previous generation, and the WAL's frames name those
+pages, ``core.snapshot.wal``) or whole, as ``core.snapshot.delta_policy``
+decides. The rules this module enforces:
 
 - **No lost writes under clock skew.** Listing restarts ``skew_seconds``
   behind the watermark, and entries already applied inside that window are
@@ -17,8 +20,7 @@ sha256. The rules this module enforces:
   another tokenizer is not extended: the ledger is replayed, and ``notes``
   say why.
 - **Nothing new, nothing published**: a build that applied no entry keeps
-  the published generation (unless its candidate index was priced by
-  another libm, or its vector index is not this embedder's).
+  the published generation (unless its vector index is not this embedder's).
 - **Erasures are carried out whole** (core/erasure/work.py,
   core/snapshot/erase.py): a build that meets an ``erasure`` entry first
   purges the ledger (with the previous generation open, which says where
@@ -42,23 +44,25 @@ from typing import Callable
 import apsw
 
 from core.budget.tokens import TOKENIZER_ID
-from core.checksum import file_sha256
 from core.ids import uuid7_floor_hex, uuid7_ms
 from core.instants import canonical, now_utc
 from core.layout import RUN_SUFFIX, entry_hex_of, ledger_prefix
 from core.ledger import MOVED, Ledger
-from core.lexical import LexicalChanges, priced_here, recorded_fingerprint, update_lexical_index
+from core.lexical import LexicalChanges, update_lexical_index
 from core.meta_table import read_meta, write_meta
 from core.erasure.work import ErasureWork
-from core.snapshot import content_hash, erase, housekeeping
+from core.snapshot import content_hash, delta, erase, housekeeping, wal
 from core.snapshot.apply import apply_entry
 from core.snapshot.erase import Erasures
 from core.snapshot.keep import KeptGeneration
 from core.snapshot.pointer import read_pointer
 from core.snapshot.projections import refresh_projections
-from core.snapshot.publish import publish
+from core.snapshot.chain import ChainBroken, fetch_whole
+from core.snapshot.delta_policy import DeltaPolicy
+from core.snapshot.pointer import full_of
+from core.snapshot.publish import publish, publish_delta
 from core.snapshot.schema import DDL, SCHEMA_VERSION
-from core.storage import ObjectNotFound, Store
+from core.storage import Store
 
 DEFAULT_SKEW_SECONDS = 600
 DEFAULT_KEEP_BYTES = 1 << 30
@@ -81,9 +85,18 @@ class RebuildResult:
     # when the oldest ledger entry this build applied was stored (UUIDv7 ms;
     # None: none applied): the rebuild's freshness lag is publish − this
     oldest_applied_ms: int | None = None
+    # what was uploaded: the whole file, or (a delta generation) the delta
+    published_bytes: int | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _pragmas(db: apsw.Connection, *pragmas: str) -> None:
+    """Run each pragma to completion (one ``execute`` of several stops at the
+    first that returns a row, until that row is read)."""
+    for pragma in pragmas:
+        db.execute(f"PRAGMA {pragma}").fetchall()
 
 
 def file_meta(path: str, key: str) -> str | None:
@@ -100,7 +113,7 @@ class SnapshotBuilder:
                  skew_seconds: int = DEFAULT_SKEW_SECONDS,
                  progress: Callable[[str], None] | None = None,
                  before_publish: Callable[[], None] | None = None,
-                 embedder=None, keep_bytes: int | None = None):
+                 embedder=None, keep_bytes: int | None = None, delta_policy: DeltaPolicy | None = None):
         self.store = store
         self.embedder = embedder  # None: no vector index (and nothing vector-related imported)
         self.vector_stats = None  # core.vectors.index.SyncStats of the last build, when vectors are on
@@ -119,6 +132,10 @@ class SnapshotBuilder:
         self.erasure_work = ErasureWork(store, org_id, self.skew_ms, self.progress)
         self.erasures: Erasures | None = None  # the erasures the last build applied and enforced
         self.oldest_applied_ms: int | None = None  # the last build's oldest applied entry (RebuildResult)
+        # when a generation is published as a delta, and when whole (core/snapshot/delta_policy.py)
+        self.delta_policy = delta_policy or DeltaPolicy.from_env()
+        self.base = None  # the page digests of the generation the work file started as (None: no delta)
+        self.delta_stats: dict | None = None  # the last build's delta: pages, bytes, published or not
 
     def rebuild(self, *, from_scratch: bool = False, force: bool = False) -> RebuildResult:
         started = time.monotonic()
@@ -132,30 +149,56 @@ class SnapshotBuilder:
             self.erasure_work.recover(pointer["erasures"])
         os.makedirs(self.work_dir, exist_ok=True)
         work = os.path.join(self.work_dir, f"build-{self.org_id}-{secrets.token_hex(6)}.sqlite")
+        self.base = None
+        self.delta_stats = None
         try:
             db = self._open_work(work, None if from_scratch else pointer)
+            written: set[int] = set()
             try:
                 built = self._build(db, pointer, from_scratch, force)
                 untouched = db.total_changes() == 0
+                if self.base is not None:  # every page the build changed is a frame of the WAL
+                    written, _ = wal.written_pages(work + "-wal")
+                    _pragmas(db, "wal_checkpoint(TRUNCATE)", "journal_mode=DELETE")
             finally:
                 db.close()
+            size = os.path.getsize(work)
             if built is None:  # nothing new: the published generation stands
-                if untouched:  # still exactly the published file, so keep it
-                    self.kept.keep(work, pointer["snapshot_key"], pointer["sha256"], os.path.getsize(work))
+                if untouched and self.base is not None and not written:
+                    # still the published file but for the header page, which
+                    # entering and leaving WAL mode rewrote: put it back, keep it
+                    with open(work, "r+b") as f:
+                        f.write(self._base_page1)
+                    _, digests = delta.encode(work, {1}, size // self.base.page_size, self.base,
+                                              generation=pointer["generation"], base_generation=pointer["generation"])
+                    if digests.digest() == pointer.get("digest"):
+                        self.kept.keep(work, pointer["generation"], digests, size)
                 return RebuildResult(self.org_id, pointer["generation"], False, 0, pointer["content_hash"],
                                      pointer["claim_count"], pointer["bytes"], time.monotonic() - started,
-                                     pointer["snapshot_key"], tuple(self.notes))
+                                     pointer.get("snapshot_key"), tuple(self.notes))
             generation, applied, fields = built
-            size = os.path.getsize(work)
             erased = fields.get("erasures")
-            key, sha = publish(self.store, self.org_id, work, size, generation, pointer, etag, fields,
-                               self.progress, self.before_publish, only_generation=bool(erased))
-            self.kept.keep(work, key, sha, size)
+            published = None
+            if self.base is not None and not erased and pointer.get("digest") == self.base.digest():
+                raw, digests = delta.encode(work, written | {1}, size // self.base.page_size, self.base,
+                                            generation=generation, base_generation=pointer["generation"])
+                why_whole = self.delta_policy.whole_file_because(pointer, len(raw), size)
+                self.delta_stats = {"pages": len(written | {1}), "bytes": len(raw), "published": not why_whole}
+                if why_whole:
+                    self.progress(f"{self.org_id}: generation {generation} published whole: {why_whole}")
+                else:
+                    published = publish_delta(self.store, self.org_id, raw, digests, size, generation, pointer,
+                                              etag, fields, self.progress, self.before_publish)
+            if published is None:
+                published = publish(self.store, self.org_id, work, size, generation, pointer, etag, fields,
+                                    self.progress, self.before_publish, only_generation=bool(erased))
+            self.kept.keep(work, generation, published.digests, size)
             if erased:
                 self.erasure_work.complete(erased)
             return RebuildResult(self.org_id, generation, True, applied, fields["content_hash"],
-                                 fields["claim_count"], size, time.monotonic() - started, key, tuple(self.notes),
-                                 oldest_applied_ms=self.oldest_applied_ms)
+                                 fields["claim_count"], size, time.monotonic() - started, published.key,
+                                 tuple(self.notes), oldest_applied_ms=self.oldest_applied_ms,
+                                 published_bytes=published.uploaded_bytes)
         finally:
             for suffix in ("", "-journal", "-wal", "-shm"):
                 try:
@@ -184,12 +227,9 @@ class SnapshotBuilder:
         if self.erasures.applied:
             # no FTS segment keeps a deleted claim's terms, no vec0 chunk its vector
             erase.clear_indexes(db)
-        # (a generation whose candidate index another libm priced is priced
-        # again here even with nothing new: core.lexical.libm; a pointer from
-        # before watermarks were published is republished once)
+        # (a pointer from before watermarks were published is republished once)
         if (pointer is not None and applied == 0 and not from_scratch and not force
-                and self._vectors_current(pointer) and priced_here(recorded_fingerprint(db))
-                and "watermark" in pointer):
+                and self._vectors_current(pointer) and "watermark" in pointer):
             return None
         generation = (pointer["generation"] if pointer else 0) + 1
         self.progress(f"{self.org_id}: updating the candidate index")
@@ -208,7 +248,7 @@ class SnapshotBuilder:
             from core.vectors.index import seed_embed_cache, sync_vectors
             if pointer is not None and read_meta(db, "vector_fingerprint") is None:
                 # a replay from empty: reuse the previous generation's embeddings
-                seed_embed_cache(db, self.store, pointer["snapshot_key"], self.work_dir, self.progress)
+                seed_embed_cache(db, self.store, full_of(pointer)["snapshot_key"], self.work_dir, self.progress)
             self.vector_stats = sync_vectors(db, self.embedder, self.progress)
             fields["vector"] = self._vector_record("error" if self.vector_stats.error else "ok")
         elif read_meta(db, "vector_status") is not None:
@@ -231,21 +271,25 @@ class SnapshotBuilder:
     # -- the starting point ----------------------------------------------------
 
     def _open_work(self, work: str, pointer: dict | None) -> apsw.Connection:
+        """The work file: the published generation (kept locally, or fetched
+        whole and brought forward by its deltas), or an empty one. When it
+        starts as a published generation, ``self.base`` holds that
+        generation's page digests and the file runs in WAL mode, so the
+        pages the build changes can be published as a delta."""
+        base = None
         if pointer is not None:
-            if self.kept.take(work, pointer):
+            base = self.kept.take(work, pointer)
+            if base is not None:
                 self.progress(f"{self.org_id}: starting from generation {pointer['generation']}, kept locally")
             else:
                 try:
-                    self.store.download_file(pointer["snapshot_key"], work)
-                except ObjectNotFound:
-                    # A missing previous generation: replay (docs/architecture.md).
-                    self._replay_because(f"previous generation {pointer['generation']} is missing from the store")
+                    base = fetch_whole(self.store, pointer, work)
+                except ChainBroken as exc:
+                    # A missing or damaged previous generation is never built upon: replay.
+                    self._replay_because(f"previous generation {pointer['generation']} {exc}")
                     pointer = None
-                if pointer is not None and file_sha256(work) != pointer["sha256"]:
-                    # A damaged previous generation is never built upon: replay.
-                    self._replay_because(f"previous generation {pointer['generation']} fails its sha256")
-                    os.unlink(work)
-                    pointer = None
+                    if os.path.exists(work):
+                        os.unlink(work)
         if pointer is not None and file_meta(work, "schema_version") != str(SCHEMA_VERSION):
             # Built by another version of the schema: its tables cannot
             # be extended in place, but the ledger can always be replayed.
@@ -259,13 +303,25 @@ class SnapshotBuilder:
                                  "another tokenizer")
             os.unlink(work)
             pointer = None
+        if pointer is not None:  # as published: entering WAL mode rewrites the header page
+            with open(work, "rb") as f:
+                self._base_page1 = f.read(base.page_size)
         db = apsw.Connection(work)
-        db.execute("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA cache_size=-65536")
         if pointer is None:
+            _pragmas(db, "journal_mode=OFF", "synchronous=OFF", "cache_size=-65536")
             with db:
                 db.execute(DDL)
                 write_meta(db, org_id=self.org_id, schema_version=SCHEMA_VERSION, watermark="",
                            item_tokenizer=TOKENIZER_ID)
+        else:
+            # the base file stays as published until the checkpoint: every
+            # change is a WAL frame (core/snapshot/wal.py); the WAL index in
+            # this process's memory, no -shm file
+            _pragmas(db, "locking_mode=EXCLUSIVE", "journal_mode=WAL", "wal_autocheckpoint=0", "synchronous=OFF",
+                     "cache_size=-65536")
+            if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                raise RuntimeError("the work file did not enter WAL mode: its changed pages cannot be captured")
+            self.base = base
         return db
 
     def _replay_because(self, why: str) -> None:

@@ -4,7 +4,8 @@ Why: the next incremental build of the organization starts from it instead
 of downloading and verifying the published file again. The rules:
 
 - a kept file is taken only when it is exactly the generation the pointer
-  names (same key, sha256 and size) and the machine has not restarted since
+  names (same generation, page digest and size), with its page digests
+  (``core.snapshot.pages``: what the next delta is computed against) and the machine has not restarted since
   it was kept: it is written without fsync, so after a crash or power loss
   it may be torn (``boot_id``);
 - it is taken at most once (the build changes it in place), and never when
@@ -20,6 +21,8 @@ import contextlib
 import json
 import os
 from typing import Callable
+
+from core.snapshot.pages import PageDigests
 
 
 def _boot_id() -> str | None:
@@ -40,18 +43,19 @@ class KeptGeneration:
         self.keep_bytes = keep_bytes
         self.progress = progress
         base = os.path.join(work_dir, f"kept-{org_id}")
-        self.path, self.record = base + ".sqlite", base + ".json"
+        self.path, self.record, self.pages = base + ".sqlite", base + ".json", base + ".pages"
 
-    def keep(self, work: str, key: str, sha: str, size: int) -> None:
-        """Move ``work`` (the file just published as ``key``) into place as
-        the next build's starting point. Never raises."""
+    def keep(self, work: str, generation: int, digests: PageDigests, size: int) -> None:
+        """Move ``work`` (the file just published as ``generation``, whose
+        page digests are ``digests``) into place as the next build's
+        starting point. Never raises."""
         try:
-            self._keep(work, key, sha, size)
+            self._keep(work, generation, digests, size)
         except OSError as exc:
-            self.progress(f"{self.org_id}: {key} not kept locally: {exc}")
+            self.progress(f"{self.org_id}: generation {generation} not kept locally: {exc}")
 
-    def _keep(self, work: str, key: str, sha: str, size: int) -> None:
-        for stale in (self.record, self.path):
+    def _keep(self, work: str, generation: int, digests: PageDigests, size: int) -> None:
+        for stale in (self.record, self.pages, self.path):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(stale)
         if size > self.keep_bytes:
@@ -68,33 +72,40 @@ class KeptGeneration:
             if total <= self.keep_bytes:
                 break
             total -= n
-            for stale in (other[:-len(".sqlite")] + ".json", other):
+            for stale in (other[:-len(".sqlite")] + ".json", other[:-len(".sqlite")] + ".pages", other):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(stale)
         os.replace(work, self.path)
+        with open(self.pages, "wb") as f:
+            f.write(digests.to_bytes())
         with open(self.record, "w") as f:
-            json.dump({"snapshot_key": key, "sha256": sha, "bytes": size, "boot_id": _boot_id()}, f)
+            json.dump({"generation": generation, "digest": digests.digest(), "bytes": size,
+                       "boot_id": _boot_id()}, f)
 
-    def take(self, work: str, pointer: dict) -> bool:
+    def take(self, work: str, pointer: dict) -> PageDigests | None:
         """Move the kept file into place as ``work`` when it is exactly the
-        generation ``pointer`` names (module docstring); False otherwise."""
+        generation ``pointer`` names (module docstring): its page digests;
+        None otherwise."""
         try:
             with open(self.record) as f:
                 kept = json.load(f)
             os.unlink(self.record)  # taken at most once: the work file is changed in place
+            with open(self.pages, "rb") as f:
+                digests = PageDigests.from_bytes(f.read())
             st = os.stat(self.path)
         except (FileNotFoundError, ValueError):
-            return False
+            return None
         # st_nlink: a hard-linked copy (cp -al of the work directory) is not
         # ours to change in place
-        if (kept.get("snapshot_key") != pointer["snapshot_key"] or kept.get("sha256") != pointer["sha256"]
-                or st.st_size != kept.get("bytes") or st.st_nlink != 1
+        if (kept.get("generation") != pointer["generation"] or kept.get("digest") != pointer.get("digest")
+                or digests.digest() != kept.get("digest")
+                or st.st_size != kept.get("bytes") or st.st_size != pointer.get("bytes") or st.st_nlink != 1
                 or kept.get("boot_id") is None or kept.get("boot_id") != _boot_id()):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
-            return False
+            return None
         try:
             os.replace(self.path, work)
         except FileNotFoundError:  # evicted meanwhile by another organization's build
-            return False
-        return True
+            return None
+        return digests

@@ -1,16 +1,24 @@
 """The serving side of snapshots: one read-only generation per organization.
 
 Rules: a reader asks for ``current.json`` at most every ``ttl_seconds`` per
-organization (conditionally, by ETag); on change it fetches the new file into
-its cache directory, verifies the sha256 recorded in the pointer, opens it
-read-only and swaps it in as one reference assignment. Any failure on that
+organization (conditionally, by ETag); on change it gets the new generation
+into its cache directory, opens it read-only and swaps it in as one
+reference assignment. It gets it by one of two roads (``core.snapshot.chain``):
+
+- **deltas**: when the generation it serves is on the new pointer's chain,
+  it copies that file and applies the deltas after it, each verified by page
+  digest (``core.snapshot.delta``): a few megabytes for a few new claims;
+- **whole**: otherwise, or when that road fails in any way (a delta
+  missing, damaged, or based on another file), the chain's whole file,
+  verified by sha256, and the deltas after it. A fall-back is remembered
+  and ``/readyz`` says why (``last_delta_fallback``). Any failure on that
 path keeps the old generation serving and is remembered for ``/readyz``. At
 most ``max_organizations`` snapshots are held (least recently used evicted,
 their files deleted).
 
 Never a silent wrong answer (docs/architecture.md, "Damaged snapshots"):
 
-- only a file whose sha256 matched the pointer is ever opened (copies left
+- only a file whose sha256 (whole) or page digest (after deltas) matched the pointer is ever opened (copies left
   in the cache by an earlier process are deleted, never reused); at each
   TTL check the open file's size is compared with the pointer's, and a
   forced refresh (after ``POST /v1/admin/rebuild``) hashes it again;
@@ -25,8 +33,10 @@ Never a silent wrong answer (docs/architecture.md, "Damaged snapshots"):
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
+import shutil
 import threading
 import time
 from collections import OrderedDict
@@ -39,6 +49,8 @@ from core.instants import canonical, now_utc
 from core.layout import pointer_key
 from core.meta_table import all_meta
 from core.observe.request_line import note_refresh_failure
+from core.snapshot.chain import ChainBroken, Fetched, advance, fetch_whole, steps_after
+from core.snapshot.pages import PageDigests, hash_file
 from core.snapshot.generation import DAMAGE_ERRORS, Snapshot, open_readonly
 from core.snapshot.schema import SCHEMA_VERSION
 from core.storage import ObjectNotFound, Store
@@ -47,6 +59,11 @@ __all__ = ["DAMAGE_ERRORS", "Snapshot", "SnapshotReader", "SnapshotRejected", "S
 
 
 POINTER_READ_FAILED = "reading the snapshot pointer failed"
+# a spare copy of the served file, never opened: the next deltas are applied
+# to it in place, so a copy of the whole file is not on the way to serving
+SHADOW = ".shadow"
+# below this a copy costs milliseconds: no spare is kept
+SHADOW_MIN_BYTES = 8 << 20
 
 
 @dataclass
@@ -60,6 +77,9 @@ class _OrgState:
     published: bool | None = None  # does the store hold a pointer? None: not known yet
     last_eviction: str | None = None  # why the last served generation was evicted as damaged
     rung: int = 0  # the supervisor's bell count this state last refreshed for (titen serve)
+    digests: PageDigests | None = None  # the page digests of the served generation's file
+    last_load: dict | None = None  # how the last generation was got: road, bytes, deltas, seconds
+    last_fallback: str | None = None  # why the deltas road was last left for the whole file
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def unavailable_reason(self) -> str | None:
@@ -72,7 +92,8 @@ class _OrgState:
 
 class SnapshotReader:
     def __init__(self, store: Store, cache_dir: str, ttl_seconds: float = 5.0,
-                 max_organizations: int = 16, on_open=None, max_bytes: int | None = None, bell=None):
+                 max_organizations: int = 16, on_open=None, max_bytes: int | None = None,
+                 shadow_min_bytes: int = SHADOW_MIN_BYTES, bell=None):
         self.store = store
         # titen serve's supervisor counts its publishes in shared memory
         # (core.rebuild.host): a count an organization's state has not
@@ -84,6 +105,7 @@ class SnapshotReader:
         self.cache_dir = cache_dir
         self.ttl = ttl_seconds
         self.max_organizations = max_organizations
+        self.shadow_min_bytes = shadow_min_bytes
         self._orgs: OrderedDict[str, _OrgState] = OrderedDict()
         self._lock = threading.Lock()
         os.makedirs(cache_dir, exist_ok=True)
@@ -94,7 +116,7 @@ class SnapshotReader:
         # fetched and verified afresh); unlinking one another process still
         # has open is safe, its open handle keeps the data.
         for name in os.listdir(cache_dir):
-            if name.endswith((".sqlite", ".part")):
+            if name.endswith((".sqlite", ".part", SHADOW)):
                 try:
                     os.unlink(os.path.join(cache_dir, name))
                 except FileNotFoundError:
@@ -187,7 +209,7 @@ class SnapshotReader:
         if obj is None or obj.etag == state.refused_etag:
             return state.snapshot
         try:
-            snapshot = self._load(org_id, json.loads(obj.body))
+            snapshot, digests = self._load(org_id, state, json.loads(obj.body))
         except SnapshotRejected as exc:
             # the same bad generation is not fetched again; a new pointer is
             served = ("still serving generation %d" % state.snapshot.generation if state.snapshot
@@ -198,13 +220,15 @@ class SnapshotReader:
             note_refresh_failure()
             return state.snapshot
         except Exception as exc:
+            logging.getLogger("titen").warning("%s: loading generation failed", org_id, exc_info=True)
             state.last_error = f"loading the new generation failed: {type(exc).__name__}"
             note_refresh_failure()
             return state.snapshot
         old, state.snapshot, state.etag, state.last_error = state.snapshot, snapshot, obj.etag, None
-        state.refusal = None
+        state.digests, state.refusal = digests, None
         if old is not None and old.path != snapshot.path:
             self._discard(old)
+        self._make_shadow(state, snapshot)
         return snapshot
 
     def _check_open_file(self, state: _OrgState, *, full: bool) -> None:
@@ -218,7 +242,10 @@ class SnapshotReader:
             size = os.path.getsize(snap.path)
             damaged = size != int(snap.pointer.get("bytes", size))
             if not damaged and full:
-                damaged = file_sha256(snap.path) != snap.pointer["sha256"]
+                if snap.pointer.get("deltas"):  # made from deltas: its page digest is what is recorded
+                    damaged = hash_file(snap.path, whole=False)[1].digest() != snap.pointer["digest"]
+                else:
+                    damaged = file_sha256(snap.path) != snap.pointer["sha256"]
             what = "its sha256 or size no longer matches the pointer"
         except OSError as exc:
             damaged, what = True, f"its cached file is unreadable ({type(exc).__name__})"
@@ -229,10 +256,38 @@ class SnapshotReader:
             self._discard(snap)
 
     def cached_bytes(self) -> int:
-        """Bytes of the generations held (their pointers' sizes)."""
+        """Bytes of the generations held (their pointers' sizes), their spare
+        copies included."""
         with self._lock:
             states = list(self._orgs.values())
-        return sum(int(st.snapshot.pointer.get("bytes", 0)) for st in states if st.snapshot is not None)
+        return sum(int(st.snapshot.pointer.get("bytes", 0)) * (2 if os.path.exists(st.snapshot.path + SHADOW) else 1)
+                   for st in states if st.snapshot is not None)
+
+    def _make_shadow(self, state: _OrgState, snapshot: Snapshot) -> None:
+        """Copy the generation just loaded, in the background, to its spare
+        (``SHADOW``) when the cache budget has room for it; the next deltas
+        road renames the spare into place instead of copying on its way."""
+        size = int(snapshot.pointer.get("bytes", 0))
+        if size < self.shadow_min_bytes or self.cached_bytes() + size > self.max_bytes:
+            return
+
+        def copy() -> None:
+            part = snapshot.path + SHADOW + ".part"
+            try:
+                shutil.copyfile(snapshot.path, part)
+                os.replace(part, snapshot.path + SHADOW)
+                if state.snapshot is not snapshot or snapshot.retired:  # replaced meanwhile
+                    os.unlink(snapshot.path + SHADOW)
+            except OSError:
+                pass
+            finally:
+                if os.path.exists(part):
+                    try:
+                        os.unlink(part)
+                    except OSError:
+                        pass
+
+        threading.Thread(target=copy, name="snapshot-shadow", daemon=True).start()
 
     def _make_room(self, org_id: str, state: _OrgState, generation: int, needed: int) -> None:
         """Evict least recently used organizations' generations until
@@ -270,25 +325,50 @@ class SnapshotReader:
                     continue
                 return  # only files still being read by other requests are left
 
-    def _load(self, org_id: str, pointer: dict) -> Snapshot:
+    def _load(self, org_id: str, state: _OrgState, pointer: dict) -> tuple[Snapshot, PageDigests]:
         generation = int(pointer["generation"])
-        self._make_room(org_id, self._state(org_id), generation, int(pointer.get("bytes", 0)))
+        self._make_room(org_id, state, generation, int(pointer.get("bytes", 0)))
         final = os.path.join(self.cache_dir, f"{org_id}-{generation:012d}-{secrets.token_hex(4)}.sqlite")
         tmp = final + ".part"
+        started = time.monotonic()
+        fetched = Fetched()
+        held, digests, fallback = state.snapshot, None, None
+        steps = steps_after(pointer, state.digests.digest()) if held is not None and state.digests else None
         try:
-            self.store.download_file(pointer["snapshot_key"], tmp)
-            actual = file_sha256(tmp)
-            if actual != pointer["sha256"]:
-                raise SnapshotRejected(
-                    f"generation {generation} refused: its sha256 {actual[:12]}… does not match the "
-                    f"recorded {pointer['sha256'][:12]}…")
+            if steps is not None:  # the deltas road, from the file served now
+                try:
+                    try:  # its spare copy, if made: no copy on the way
+                        os.replace(held.path + SHADOW, tmp)
+                        spare = True
+                    except FileNotFoundError:
+                        shutil.copyfile(held.path, tmp)
+                        spare = False
+                    digests = advance(self.store, steps, tmp, state.digests, fetched)
+                    if digests.digest() != pointer.get("digest"):
+                        raise ChainBroken("does not have its recorded page digest")
+                except (ChainBroken, OSError) as exc:
+                    digests, fetched = None, Fetched(downloaded=fetched.downloaded)
+                    fallback = (f"generation {generation}: the deltas from generation {held.generation} "
+                                f"failed ({exc}); the whole file was fetched instead")
+            elif held is not None and pointer.get("deltas"):
+                fallback = (f"generation {generation}: the generation served ({held.generation}) is not on its "
+                            "chain of deltas; the whole file was fetched instead")
+            if fallback:
+                state.last_fallback = f"{fallback} at {canonical(now_utc())}"
+            if digests is None:
+                try:
+                    digests = fetch_whole(self.store, pointer, tmp, fetched)
+                except ChainBroken as exc:
+                    raise SnapshotRejected(f"generation {generation} refused: {exc}") from None
             os.replace(tmp, final)
-        except ObjectNotFound:
-            raise SnapshotRejected(f"generation {generation} refused: its file "
-                                   f"{pointer['snapshot_key']} is missing from the store") from None
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+        state.last_load = {"generation": generation, "road": "deltas" if steps is not None and not fallback
+                           else "whole", "downloaded_bytes": fetched.downloaded, "deltas": fetched.deltas,
+                           "seconds": round(time.monotonic() - started, 4)}
+        if steps is not None and not fallback:
+            state.last_load["from"] = "spare copy" if spare else "copy"
         try:
             db = open_readonly(final, self.on_open)
             meta = all_meta(db)
@@ -303,7 +383,7 @@ class SnapshotReader:
                 f"generation {generation} refused: schema version {meta.get('schema_version')} is not "
                 f"{SCHEMA_VERSION}; the next rebuild replays the ledger into the current schema")
         watermark = meta["watermark"]
-        return Snapshot(org_id, generation, pointer, final, db, watermark, meta=meta, on_open=self.on_open)
+        return Snapshot(org_id, generation, pointer, final, db, watermark, meta=meta, on_open=self.on_open), digests
 
     @staticmethod
     def _discard(snapshot: Snapshot) -> None:
@@ -311,10 +391,11 @@ class SnapshotReader:
         # it: the file is unlinked, not truncated, and its connections close
         # when released (Snapshot.retire).
         snapshot.retire()
-        try:
-            os.unlink(snapshot.path)
-        except FileNotFoundError:
-            pass
+        for path in (snapshot.path, snapshot.path + SHADOW):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
 
     def status(self, org_id: str) -> dict:
         state = self._state(org_id)
@@ -324,6 +405,8 @@ class SnapshotReader:
                 "claim_count": snap.claim_count if snap else 0,
                 "last_refresh_error": state.last_error,
                 "last_eviction": state.last_eviction,
+                "last_load": state.last_load,
+                "last_delta_fallback": state.last_fallback,
                 "unavailable": state.unavailable_reason()}
 
     def needs_repair(self, org_id: str) -> str | None:

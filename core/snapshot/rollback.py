@@ -1,6 +1,10 @@
 """Rollback: serve a kept older generation again, as a new generation number.
 
-Readers pick it up like any new generation. The ledger stays canonical: the
+Readers pick it up like any new generation. A kept generation that was
+published as a delta is rolled back to with its chain (the whole file and
+the deltas after it), all of which stay stored while its history entry
+does (core/snapshot/publish.py); the rollback first makes the file from
+them and verifies it. The ledger stays canonical: the
 next rebuild starts from the rolled-back file and re-applies every entry
 after its watermark, so rollback is for a bad *build* — pause the rebuild
 schedule while the cause is fixed (docs/operations.md).
@@ -14,11 +18,11 @@ import tempfile
 
 import apsw
 
-from core.checksum import file_sha256
 from core.instants import canonical, now_utc
 from core.layout import pointer_key
 from core.meta_table import read_meta
-from core.snapshot.pointer import KEEP_GENERATIONS, encode_pointer, history_with, read_pointer
+from core.snapshot.chain import ChainBroken, fetch_whole
+from core.snapshot.pointer import KEEP_GENERATIONS, encode_pointer, entry_of, history_with, read_pointer
 from core.storage import Store
 
 
@@ -37,10 +41,11 @@ def rollback(store: Store, org_id: str, generation: int) -> dict:
         raise ValueError(f"generation {generation} is not kept; kept generations: {kept}")
     work = os.path.join(tempfile.gettempdir(), f"rollback-{secrets.token_hex(6)}.sqlite")
     try:
-        store.download_file(target["snapshot_key"], work)
+        try:
+            digests = fetch_whole(store, target, work)
+        except ChainBroken as exc:
+            raise ValueError(f"generation {generation} {exc}; not rolled back") from None
         size = os.path.getsize(work)
-        if file_sha256(work) != target["sha256"]:
-            raise ValueError(f"generation {generation} fails its sha256 check; not rolled back")
         db = apsw.Connection(work, flags=apsw.SQLITE_OPEN_READONLY)
         digest = read_meta(db, "content_hash")
         claims = int(read_meta(db, "claim_count"))
@@ -50,10 +55,9 @@ def rollback(store: Store, org_id: str, generation: int) -> dict:
         if os.path.exists(work):
             os.unlink(work)
     new_generation = pointer["generation"] + 1
-    history = history_with(pointer, new_generation, target["snapshot_key"], target["sha256"],
-                           keep=KEEP_GENERATIONS + 1)
-    record = {"org_id": org_id, "generation": new_generation, "snapshot_key": target["snapshot_key"],
-              "sha256": target["sha256"], "bytes": size, "content_hash": digest,
+    served = {**entry_of(target), "generation": new_generation, "bytes": size, "digest": digests.digest()}
+    history = history_with(pointer, served, keep=KEEP_GENERATIONS + 1)
+    record = {"org_id": org_id, **served, "content_hash": digest,
               "claim_count": claims, "published_at": canonical(now_utc()), "rolled_back_to": generation,
               "watermark": watermark,
               "history": history,
