@@ -25,7 +25,7 @@ from core.meta_table import read_meta, write_meta
 from core.vectors.embedder import Embedder, EmbedderError, text_sha256
 
 INDEX_LAYOUT = "2"  # claims_vec's columns; another layout is dropped and rebuilt
-EMBED_BATCH = 32
+EMBED_BATCH = 512  # texts handed to the embedder at once: enough for it to batch them by length
 # a rowid table: WITHOUT ROWID would store 1.5 KB vectors at three times their size
 VEC_TABLES_DDL = """
 CREATE TABLE IF NOT EXISTS embed_cache(
@@ -46,6 +46,10 @@ def load_sqlite_vec(db: apsw.Connection) -> None:
 
 def pack_vector(vector: list[float]) -> bytes:
     return struct.pack(f"{len(vector)}f", *vector)
+
+
+def unpack_vector(blob: bytes) -> tuple[float, ...]:
+    return struct.unpack(f"{len(blob) // 4}f", blob)
 
 
 def _has_table(db, name):
@@ -103,8 +107,10 @@ def _sync(db: apsw.Connection, embedder: Embedder, progress, stats: SyncStats) -
             db.execute(f"CREATE VIRTUAL TABLE claims_vec USING vec0(org_id text, subject_id text,"
                        f" project_id text, reader text, embedding float[{fp.dimensions}] distance_metric=cosine)")
             db.execute("DELETE FROM embed_cache WHERE fingerprint != ?", (key,))
-            write_meta(db, vector_fingerprint=key, vector_layout=INDEX_LAYOUT,
-                      vector_fingerprint_json=json.dumps(fp.as_dict(), sort_keys=True), vector_status="building")
+            write_meta(db, vector_fingerprint=key, vector_layout=INDEX_LAYOUT, vector_status="building")
+        # the calibration applies at query time: recorded on every build, re-embeds nothing
+        write_meta(db, vector_calibration=fp.calibration_id(),
+                   vector_fingerprint_json=json.dumps(fp.as_dict(), sort_keys=True))
     want = {row[0]: row[1:] for row in db.execute(
         "SELECT rowid, org_id, subject_id, project_id, visibility, workspace_id, owner_id, statement FROM claims"
         f" WHERE status IN {COMPILABLE_SQL}")}

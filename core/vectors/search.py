@@ -1,7 +1,9 @@
 """Compile's semantic candidate step: embed the task, KNN in the snapshot's index.
 
-Embed the task under a timeout, KNN at most ``KNN_K`` among what the caller
-may read in its org, subject and project, drop hits below the cosine floor.
+Embed the task under a timeout, KNN the calibration's ``knn`` nearest among
+what the caller may read in its org, subject and project, drop hits at or
+below the calibrated floor and turn each cosine into semantic relevance
+(``core.vectors.calibration``): absolute, never relative to the other hits.
 Ids are then hydrated through the same scoped query as lexical ones
 (``core.compile.retrieval``), so visibility, status and validity apply again.
 """
@@ -13,8 +15,6 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 from core.vectors.embedder import Embedder, EmbedderError, Fingerprint
 from core.vectors.index import INDEX_LAYOUT, pack_vector
-
-KNN_K = 100
 
 
 def reader_tags(principal) -> list[str]:
@@ -41,6 +41,10 @@ class VectorSearch:
                     f"embedder {self.fingerprint.key()}; a rebuild re-embeds")
         if meta.get("vector_layout") != INDEX_LAYOUT:
             return "the snapshot's vector index has another layout; a rebuild recreates it from the cache"
+        if meta.get("vector_calibration") != self.fingerprint.calibration_id():
+            return (f"the snapshot's vectors were recorded with calibration {meta.get('vector_calibration')}, "
+                    f"the configured embedder's is {self.fingerprint.calibration_id()}; a rebuild records it"
+                    f" (nothing is re-embedded)")
         if meta.get("vector_status") != "ok":
             return f"the snapshot's vector index is incomplete: {meta.get('vector_error') or meta.get('vector_status')}"
         return None
@@ -57,9 +61,9 @@ class VectorSearch:
         return vectors[0]
 
     def search(self, snapshot, scope, task: str) -> list[tuple[int, float]]:
-        """(rowid, cosine similarity) of the nearest claims in the caller's
-        org, subject and project, best first, at or above the floor. Raises
-        on any failure; the caller degrades to the lexical result."""
+        """(rowid, semantic relevance in (0, 1]) of the nearest claims in the
+        caller's org, subject and project above the calibrated floor, best
+        first. Raises on any failure; the caller degrades to the lexical result."""
         problem = self.problem(snapshot)
         if problem:
             raise EmbedderError(problem)
@@ -70,14 +74,14 @@ class VectorSearch:
         readers = reader_tags(scope.principal)
         sql = ("SELECT rowid, distance FROM claims_vec WHERE embedding MATCH ? AND k = ?"
                f" AND org_id = ? AND subject_id = ? AND reader IN ({','.join('?' * len(readers))})")
-        params = [pack_vector(vector), KNN_K, scope.principal.org_id, scope.subject_id, *readers]
+        calibration = self.fingerprint.calibration
+        params = [pack_vector(vector), calibration.knn, scope.principal.org_id, scope.subject_id, *readers]
         if scope.project_id is not None:
             sql += " AND project_id = ?"
             params.append(scope.project_id)
-        floor = self.fingerprint.cosine_floor
         hits = []
         for rowid, distance in snapshot.db.execute(sql, params):
-            similarity = 1.0 - distance
-            if similarity >= floor:
-                hits.append((rowid, similarity))
+            relevance = calibration.relevance(1.0 - distance)
+            if relevance > 0.0:
+                hits.append((rowid, relevance))
         return hits
