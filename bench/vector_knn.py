@@ -31,8 +31,8 @@ def measure(n: int, spec: str) -> dict:
     from core.instants import canonical, now_utc
     from core.keys import Principal
     from core.service import Service
-    from core.vectors.index import pack_vector
-    from core.vectors.search import SHORTLIST
+    from core.vectors.index import pack_vector, scope_key, subject_key
+    from core.vectors.search import MAX_K, SHORTLIST
 
     directory = common.DATA_DIR / f"n{n}-{spec.replace(':', '-')}"
     service = Service(Settings.from_env(data_dir=str(directory), env={"TITEN_EMBEDDER": spec,
@@ -48,15 +48,16 @@ def measure(n: int, spec: str) -> dict:
     knn = search.fingerprint.calibration.knn
     vectors = service.embedder.embed(workload["warmup_tasks"] + workload["tasks"])
     warm, measured = vectors[:len(workload["warmup_tasks"])], vectors[len(workload["warmup_tasks"]):]
-    exact_sql = ("SELECT rowid FROM claims_vec WHERE embedding MATCH ? AND k = ? AND org_id = ? AND subject_id = ?"
-                 " AND reader IN ('org', ?)")
+    exact_sql = ("SELECT rowid FROM claims_vec WHERE embedding MATCH ? AND k = ? AND subject_key = ?"
+                 " AND reader_key IN (?, ?)")
     exact_t, two_t, recall = [], [], []
     with snapshot.lease():
         for phase, batch in (("warm", warm), ("measured", measured)):
             for vector in batch:
                 t0 = time.perf_counter()
-                exact = [r for r, in snapshot.db.execute(exact_sql, (pack_vector(vector), knn, common.ORG,
-                                                                     workload["subject_id"], "private:bench"))]
+                exact = [r for r, in snapshot.db.execute(exact_sql, (
+                    pack_vector(vector), knn, subject_key(common.ORG, workload["subject_id"]), scope_key("org"),
+                    scope_key("private:bench")))]
                 t1 = time.perf_counter()
                 fast = search.nearest(snapshot, scope, vector)
                 t2 = time.perf_counter()
@@ -64,7 +65,7 @@ def measure(n: int, spec: str) -> dict:
                     exact_t.append(t1 - t0)
                     two_t.append(t2 - t1)
                     recall.append(len(set(exact) & {r for r, _ in fast}) / max(len(exact), 1))
-    return {"claims": n, "knn": knn, "shortlist": SHORTLIST * knn, "exact": common.summary_ms(exact_t),
+    return {"claims": n, "knn": knn, "shortlist": min(SHORTLIST * knn, MAX_K), "exact": common.summary_ms(exact_t),
             "two_pass": common.summary_ms(two_t), "recall": sum(recall) / len(recall)}
 
 
