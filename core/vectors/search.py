@@ -6,15 +6,15 @@ below the calibrated floor and turn each cosine into semantic relevance
 (``core.vectors.calibration``): absolute, never relative to the other hits.
 
 The KNN runs in two passes. First the ``SHORTLIST`` × ``knn`` nearest by
-Hamming distance between sign bits (``coarse``: 48 bytes a claim for 384
-dimensions), inside the ``vec0`` index and its scope filters; then the exact
-cosine of each, from the embedding cache (a B-tree lookup by statement hash:
-a vec0 lookup by rowid reads a whole 1024-vector chunk); the ``knn`` best by
-cosine are the hits. sqlite-vec scans without SIMD in its PyPI build: the
-float scan of 50k claims took 25–55 ms, the bit scan about 5 (docs/vectors.md
-§5). Cosines stay exact, so the calibration applies as measured; a neighbour
-whose sign bits are far while its cosine is near can be missed (recall of
-the 10 nearest: 0.98 at 10k claims, 0.94 at 50k).
+Hamming distance between sign bits, among the claims the caller may read in
+its subject and project (``core.vectors.signs``: in numpy, over bits read
+once per generation from the ``coarse`` column of the ``vec0`` index); then
+the exact cosine of each, from the embedding cache (a B-tree lookup by
+statement hash: a vec0 lookup by rowid reads a whole 1024-vector chunk); the
+``knn`` best by cosine are the hits. Cosines stay exact, so the calibration
+applies as measured; a neighbour whose sign bits are far while its cosine is
+near can be missed (recall of the 10 nearest with a 500-claim shortlist:
+0.98 at 10k claims, 0.94 at 50k; docs/vectors.md §5).
 Ids are then hydrated through the same scoped query as lexical ones
 (``core.compile.retrieval``), so visibility, status and validity apply again.
 """
@@ -30,9 +30,9 @@ import numpy as np
 
 from core.vectors.embedder import Embedder, EmbedderError, Fingerprint, text_sha256
 from core.vectors.index import INDEX_LAYOUT, coarse_input, pack_vector, scope_key, subject_key
+from core.vectors.signs import SignCache
 
 SHORTLIST = 50  # the first pass keeps this many times ``knn`` claims for the exact pass
-MAX_K = 4096  # vec0's limit on k
 
 
 def reader_tags(principal) -> list[str]:
@@ -48,6 +48,7 @@ class VectorSearch:
         self.fingerprint: Fingerprint = embedder.fingerprint
         self.timeout_s = timeout_s
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="embed")
+        self._signs = SignCache()
 
     def problem(self, snapshot) -> str | None:
         """Why this snapshot's vectors cannot serve this embedder, or None."""
@@ -98,21 +99,17 @@ class VectorSearch:
         """(rowid, cosine) of the calibration's ``knn`` nearest claims the
         caller may read in its org, subject and project, best first (ties by
         rowid): sign bits first, then the exact cosine of the shortlist."""
-        # org, subject, project and visibility filter inside the index, so what
-        # the caller may not read never takes one of the k places; status,
+        # org, subject, project and visibility filter the shortlist, so what
+        # the caller may not read never takes one of its places; status,
         # validity and visibility are applied again by the scoped hydrate
         readers = [scope_key(tag) for tag in reader_tags(scope.principal)]
-        sql = ("SELECT rowid FROM claims_vec WHERE coarse MATCH vec_quantize_binary(?) AND k = ?"
-               f" AND subject_key = ? AND reader_key IN ({','.join('?' * len(readers))})")
         knn = self.fingerprint.calibration.knn
         blob = pack_vector(vector)
-        params = [coarse_input(blob), min(SHORTLIST * knn, MAX_K), subject_key(scope.principal.org_id, scope.subject_id),
-                  *readers]
-        if scope.project_id is not None:
-            sql += " AND project_key = ?"
-            params.append(scope_key(scope.project_id))
         db = snapshot.db
-        shortlist = [rowid for rowid, in db.execute(sql, params)]
+        signs = self._signs.subject(snapshot, db, subject_key(scope.principal.org_id, scope.subject_id))
+        code = db.execute("SELECT vec_quantize_binary(?)", (coarse_input(blob),)).fetchone()[0]  # the index's bits
+        shortlist = signs.shortlist(code, SHORTLIST * knn, readers,
+                                    scope_key(scope.project_id) if scope.project_id is not None else None)
         if not shortlist:
             return []
         key = self.fingerprint.key()
