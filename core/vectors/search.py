@@ -22,7 +22,7 @@ Ids are then hydrated through the same scoped query as lexical ones
 from __future__ import annotations
 
 from array import array
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import apsw
@@ -68,25 +68,30 @@ class VectorSearch:
             return f"the snapshot's vector index is incomplete: {meta.get('vector_error') or meta.get('vector_status')}"
         return None
 
-    def embed_task(self, task: str) -> list[float]:
-        future = self._pool.submit(self.embedder.embed, [task])
+    def begin(self, snapshot, task: str) -> Future:
+        """Start embedding the task (so the lexical step runs meanwhile);
+        raises at once when this snapshot's vectors cannot serve."""
+        problem = self.problem(snapshot)
+        if problem:
+            raise EmbedderError(problem)
+        return self._pool.submit(self.embedder.embed, [task])
+
+    def embedded(self, pending: Future) -> list[float]:
+        """The task's vector, waiting at most the timeout since ``finish`` began."""
         try:
-            vectors = future.result(timeout=self.timeout_s)
+            vectors = pending.result(timeout=self.timeout_s)
         except FutureTimeout:
-            future.cancel()
+            pending.cancel()
             raise EmbedderError(f"embedding the task took longer than {self.timeout_s * 1000:.0f} ms") from None
         if len(vectors) != 1 or len(vectors[0]) != self.fingerprint.dimensions:
             raise EmbedderError("the embedder returned a vector of the wrong dimension")
         return vectors[0]
 
-    def search(self, snapshot, scope, task: str) -> list[tuple[int, float]]:
+    def finish(self, snapshot, scope, pending: Future) -> list[tuple[int, float]]:
         """(rowid, semantic relevance in (0, 1]) of the nearest claims in the
         caller's org, subject and project above the calibrated floor, best
         first. Raises on any failure; the caller degrades to the lexical result."""
-        problem = self.problem(snapshot)
-        if problem:
-            raise EmbedderError(problem)
-        vector = self.embed_task(task)
+        vector = self.embedded(pending)
         calibration = self.fingerprint.calibration
         hits = []
         for rowid, cosine in self.nearest(snapshot, scope, vector):
@@ -94,6 +99,10 @@ class VectorSearch:
             if relevance > 0.0:
                 hits.append((rowid, relevance))
         return hits
+
+    def search(self, snapshot, scope, task: str) -> list[tuple[int, float]]:
+        """``begin`` then ``finish``: the semantic hits of one task."""
+        return self.finish(snapshot, scope, self.begin(snapshot, task))
 
     def nearest(self, snapshot, scope, vector: list[float]) -> list[tuple[int, float]]:
         """(rowid, cosine) of the calibration's ``knn`` nearest claims the
@@ -113,17 +122,18 @@ class VectorSearch:
         if not shortlist:
             return []
         key = self.fingerprint.key()
-        statements = dict(db.execute("SELECT rowid, statement FROM claims WHERE rowid IN carray(?)",
-                                     (apsw.carray(array("q", shortlist)),)))
+        sha_of = {rowid: text_sha256(statement) for rowid, statement in db.execute(
+            "SELECT rowid, statement FROM claims WHERE rowid IN carray(?)", (apsw.carray(array("q", shortlist)),))}
+        cached = dict(db.execute("SELECT text_sha256, vector FROM embed_cache WHERE fingerprint = ? AND text_sha256"
+                                 " IN carray(?)", (key, apsw.carray(tuple(set(sha_of.values()))))))
         stored = []
         for rowid in shortlist:
-            row = db.execute("SELECT vector FROM embed_cache WHERE text_sha256 = ? AND fingerprint = ?",
-                             (text_sha256(statements[rowid]), key)).fetchone()
-            if row is None:  # never so after a sync; the index's own copy, slower
-                row = db.execute("SELECT embedding FROM claims_vec WHERE rowid = ?", (rowid,)).fetchone()
-            stored.append(row[0])
+            blob_of = cached.get(sha_of.get(rowid))
+            if blob_of is None:  # never so after a sync; the index's own copy, slower
+                blob_of = db.execute("SELECT embedding FROM claims_vec WHERE rowid = ?", (rowid,)).fetchone()[0]
+            stored.append(blob_of)
         matrix = np.frombuffer(b"".join(stored), dtype=np.float32).reshape(len(stored), -1)
         cosines = matrix @ np.frombuffer(blob, dtype=np.float32)
-        order = sorted(range(len(shortlist)), key=lambda i: (-cosines[i], shortlist[i]))[:knn]
-        return [(shortlist[i], float(cosines[i])) for i in order]
+        order = np.lexsort((np.array(shortlist), -cosines))[:knn]
+        return [(shortlist[i], float(cosines[i])) for i in order.tolist()]
 
