@@ -33,11 +33,14 @@ class SubjectSigns:
         width = len(rows[0][3]) if rows else 8
         # compared 8 bytes at a time when the width allows (384 bits: 6 words)
         self.word = np.uint64 if width % 8 == 0 else np.uint8
-        self.codes = np.frombuffer(b"".join(r[3] for r in rows), dtype=self.word).reshape(len(rows), -1)
+        words = width // np.dtype(self.word).itemsize
+        self.codes = np.frombuffer(b"".join(r[3] for r in rows), dtype=self.word).reshape(len(rows), words)
 
     def shortlist(self, code: bytes, size: int, readers: list[int], project_key: int | None) -> list[int]:
         """The rowids of the ``size`` claims nearest by Hamming distance that
         the reader keys (and the project, when given) admit; ties by rowid."""
+        if len(self.rowids) == 0:
+            return []
         allowed = np.isin(self.reader_keys, np.array(readers, dtype=np.int64))
         if project_key is not None:
             allowed &= self.project_keys == project_key
