@@ -21,14 +21,13 @@ Ids are then hydrated through the same scoped query as lexical ones
 
 from __future__ import annotations
 
-from array import array
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import apsw
 import numpy as np
 
-from core.vectors.embedder import Embedder, EmbedderError, Fingerprint, text_sha256
+from core.vectors.embedder import Embedder, EmbedderError, Fingerprint
 from core.vectors.index import INDEX_LAYOUT, coarse_input, pack_vector, scope_key, subject_key
 from core.vectors.signs import SignCache
 
@@ -122,18 +121,17 @@ class VectorSearch:
         if not shortlist:
             return []
         key = self.fingerprint.key()
-        sha_of = {rowid: text_sha256(statement) for rowid, statement in db.execute(
-            "SELECT rowid, statement FROM claims WHERE rowid IN carray(?)", (apsw.carray(array("q", shortlist)),))}
         cached = dict(db.execute("SELECT text_sha256, vector FROM embed_cache WHERE fingerprint = ? AND text_sha256"
-                                 " IN carray(?)", (key, apsw.carray(tuple(set(sha_of.values()))))))
+                                 " IN carray(?)", (key, apsw.carray(tuple({sha for _, sha in shortlist})))))
         stored = []
-        for rowid in shortlist:
-            blob_of = cached.get(sha_of.get(rowid))
-            if blob_of is None:  # never so after a sync; the index's own copy, slower
-                blob_of = db.execute("SELECT embedding FROM claims_vec WHERE rowid = ?", (rowid,)).fetchone()[0]
-            stored.append(blob_of)
+        for rowid, sha in shortlist:
+            found = cached.get(sha)
+            if found is None:  # never so after a sync; the index's own copy, slower
+                found = db.execute("SELECT embedding FROM claims_vec WHERE rowid = ?", (rowid,)).fetchone()[0]
+            stored.append(found)
         matrix = np.frombuffer(b"".join(stored), dtype=np.float32).reshape(len(stored), -1)
         cosines = matrix @ np.frombuffer(blob, dtype=np.float32)
-        order = np.lexsort((np.array(shortlist), -cosines))[:knn]
-        return [(shortlist[i], float(cosines[i])) for i in order.tolist()]
+        rowids = [rowid for rowid, _ in shortlist]
+        order = np.lexsort((np.array(rowids), -cosines))[:knn]
+        return [(rowids[i], float(cosines[i])) for i in order.tolist()]
 
