@@ -5,9 +5,9 @@ that grows with k: on 50k claims the float KNN (k 10) took 37–55 ms and a
 bit KNN wide enough to re-score (k 500) 64 ms. The bits themselves are
 small (48 bytes a claim for 384 dimensions), so a generation reads each
 subject's once from ``claims_vec``, with the hash of each statement (the
-embedding cache's key, for the exact pass) — about 0.1–0.2 s at 10k claims,
-0.5–0.7 s at 50k, on the first semantic compile of that subject on that
-generation; a generation never changes — and compares them with the
+embedding cache's key, for the exact pass) — 0.07 s at 10k claims, 0.33–0.39
+s at 50k, on the first semantic compile of that subject on that generation;
+a generation never changes — and compares them with the
 task's in numpy: XOR, popcount, a partial sort — a few milliseconds at 50k.
 
 Held like ``core.compile.catalog``: per ``Snapshot`` object, weakly, so a
