@@ -11,6 +11,7 @@
 | TITEN_EPHEMERAL_MB | unset | the function's ephemeral storage (/tmp) size; the template sets it |
 | TITEN_EMBEDDER | unset | vector capability; unset means disabled (see core.vectors) |
 | TITEN_EMBED_TIMEOUT_MS | 2000 | how long compile waits for the task's embedding before going lexical |
+| TITEN_EMBED_CALIBRATION | unset | floor,ceiling,knn[,cap]: overrides the embedder's shipped calibration (docs/vectors.md) |
 | TITEN_REBUILD_FUNCTION | unset | on Lambda: the rebuild function POST /v1/admin/rebuild invokes |
 | TITEN_BODY_TIMEOUT | 10 | seconds for a request body to arrive before a 408 |
 | TITEN_REBUILD_QUEUE_URL | unset | on Lambda: the SQS FIFO queue a write asks its rebuild on (core.rebuild.queue) |
@@ -36,6 +37,7 @@ class Settings:
     embedder: str | None
     rebuild_function: str | None = None
     embed_timeout_ms: int = 2000
+    embed_calibration: str | None = None  # "floor,ceiling,knn[,cap]", parsed by core.vectors.calibration
     rebuild_keep_bytes: int = 1 << 30
     body_timeout: float = 10.0
     cache_bytes: int | None = None  # None: 75% of the cache volume (core.snapshot)
@@ -66,6 +68,7 @@ class Settings:
                    embedder=env.get("TITEN_EMBEDDER") or None,
                    rebuild_function=env.get("TITEN_REBUILD_FUNCTION") or None,
                    embed_timeout_ms=int(env.get("TITEN_EMBED_TIMEOUT_MS") or 2000),
+                   embed_calibration=env.get("TITEN_EMBED_CALIBRATION") or None,
                    rebuild_keep_bytes=int(env.get("TITEN_REBUILD_KEEP_BYTES") or 1 << 30),
                    body_timeout=float(env.get("TITEN_BODY_TIMEOUT") or 10),
                    cache_bytes=cache_budget(env),

@@ -57,6 +57,10 @@ class Service:
         if self.embedder is None and settings.embedder:
             from core.vectors import from_spec
             self.embedder = from_spec(settings.embedder)
+        if self.embedder is not None and settings.embed_calibration:
+            from core.vectors.calibration import Calibration
+            calibration = Calibration.parse(settings.embed_calibration)
+            self.embedder.fingerprint = self.embedder.fingerprint.with_calibration(calibration)
         if self.embedder is not None:
             from core.vectors.index import load_sqlite_vec
             from core.vectors.search import VectorSearch

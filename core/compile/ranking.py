@@ -5,7 +5,9 @@ Pure, no I/O. Each component is in [0, 1]:
 | component | weight | rule |
 | relevance | 0.45 | BM25 strength / best strength among the candidates (1 for the best);
 |           |      | 0 when the lexical index never matched; with vectors, the larger of
-|           |      | that and the separately normalized similarity |
+|           |      | that and the semantic relevance, normalized separately and
+|           |      | absolutely (the embedder's calibration: 0 at its floor, 1 at its
+|           |      | ceiling, never rescaled to the best neighbour) |
 | trust     | 0.20 | trust level / 3 (unverified 0 … policy_approved 3) |
 | recency   | 0.15 | 0.5 ** (floor(age_days) / 90), age from creation to ``at`` |
 | utility   | 0.10 | 0.5 below 3 feedback signals, else ((pos − neg) / total + 1) / 2 |
@@ -65,7 +67,9 @@ class RankInput:
     signals: ClaimSignals
     disputed: bool                   # as this reader sees it
     bm25: float | None = None        # FTS5 bm25(): lower is better, None when unmatched
-    similarity: float | None = None  # semantic similarity, None when not a semantic hit
+    # semantic relevance in [0, 1], already calibrated (core.vectors.calibration),
+    # None when not a semantic hit
+    similarity: float | None = None
 
 
 class Ranked:
@@ -126,7 +130,8 @@ def trust(level: int) -> float:
 
 
 def relevances(candidates: list[RankInput]) -> list[float]:
-    """Lexical strengths rescaled to the best one; semantic likewise; larger wins."""
+    """Lexical strengths rescaled to the best one; the semantic relevance as
+    calibrated (absolute: a weak nearest neighbour stays weak); larger wins."""
     strengths = [(-c.bm25 if c.bm25 is not None else 0.0) for c in candidates]
     best = max(strengths, default=0.0)
     if not any(c.similarity is not None for c in candidates):
@@ -136,12 +141,10 @@ def relevances(candidates: list[RankInput]) -> list[float]:
             return [(s / best if s >= 0 else 0.0) if c.bm25 is not None else 0.0
                     for c, s in zip(candidates, strengths)]
         return [(1.0 if c.bm25 is not None else 0.0) for c in candidates]
-    sims = [(c.similarity if c.similarity is not None else 0.0) for c in candidates]
-    best_sim = max(sims, default=0.0)
     out = []
-    for c, s, sim in zip(candidates, strengths, sims):
+    for c, s in zip(candidates, strengths):
         lexical = (s / best if best > 0 else 1.0) if c.bm25 is not None else 0.0
-        semantic = (sim / best_sim if best_sim > 0 else 0.0) if c.similarity is not None else 0.0
+        semantic = min(max(c.similarity, 0.0), 1.0) if c.similarity is not None else 0.0
         out.append(max(lexical, semantic))
     return out
 

@@ -391,4 +391,6 @@ class SnapshotBuilder:
 
     def _vector_record(self, status: str) -> dict:
         from core.vectors.index import INDEX_LAYOUT
-        return {"fingerprint": self.embedder.fingerprint.key(), "layout": INDEX_LAYOUT, "status": status}
+        fingerprint = self.embedder.fingerprint
+        return {"fingerprint": fingerprint.key(), "calibration": fingerprint.calibration_id(), "layout": INDEX_LAYOUT,
+                "status": status}

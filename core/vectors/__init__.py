@@ -9,9 +9,11 @@ test checks it). A provider module is imported only when its spec is chosen:
 | local:all-MiniLM-L6-v2 | int8 ONNX MiniLM on onnxruntime, no network (extra ``vector``) | core.vectors.minilm |
 | hash:<dims> | deterministic feature hashing, no dependencies (tests) | core.vectors.feature_hash |
 
-``embedder`` is the interface every provider implements, ``index`` builds
-and maintains the snapshot's ``claims_vec`` table, ``search`` is compile's
-semantic candidate step.
+``embedder`` is the interface every provider implements (and the
+fingerprint), ``calibration`` how a model's cosine becomes relevance,
+``index`` builds and maintains the snapshot's ``claims_vec`` table,
+``search`` is compile's semantic candidate step and ``signs`` its first,
+sign-bit pass.
 """
 
 from __future__ import annotations

@@ -9,16 +9,23 @@ from __future__ import annotations
 
 import json
 
+from core.vectors.calibration import Calibration
 from core.vectors.embedder import EmbedderError, Fingerprint, prepare
 
 TITAN_V2 = "amazon.titan-embed-text-v2:0"
 TITAN_DIMENSIONS = (256, 512, 1024)
 MAX_INPUT_CHARS = 50_000  # the model's limit on inputText
+# Not yet measured on the calibration set (that needs Bedrock access): MiniLM's
+# shape (cap below 1: a neighbour never ties the best keyword match) with a
+# guessed floor and ceiling, until `bench.calibration_eval --sweep --embedder
+# bedrock:...` measures them (docs/vectors.md); TITEN_EMBED_CALIBRATION sets
+# the measured values without a release.
+CALIBRATION = Calibration(floor=0.25, ceiling=0.6, knn=10, cap=0.99, basis="provisional: not measured for Titan")
 
 
 class BedrockTitanEmbedder:
     def __init__(self, model_id: str = TITAN_V2, dimensions: int = 1024, *, client=None,
-                 cosine_floor: float = 0.2):
+                 calibration: Calibration = CALIBRATION):
         if model_id != TITAN_V2:
             raise ValueError(f"bedrock embedder: only {TITAN_V2} is supported, not {model_id!r}")
         if dimensions not in TITAN_DIMENSIONS:
@@ -26,7 +33,7 @@ class BedrockTitanEmbedder:
         self.model_id = model_id
         self.dimensions = dimensions
         self._client = client
-        self.fingerprint = Fingerprint("bedrock", model_id, "2", dimensions, cosine_floor)
+        self.fingerprint = Fingerprint("bedrock", model_id, "2", dimensions, calibration)
 
     @classmethod
     def from_spec(cls, rest: str) -> "BedrockTitanEmbedder":

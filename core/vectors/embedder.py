@@ -3,15 +3,20 @@
 Every provider (``core.vectors.from_spec`` names them) embeds
 ``prepare(text)`` and returns L2-normalized vectors compared by cosine; the
 fingerprint says which vectors these are, so vectors from another model,
-revision, size or preprocessing are never compared with them.
+revision, size or preprocessing are never compared with them. The
+fingerprint also carries the model's ``Calibration`` (how its cosine becomes
+relevance, ``core.vectors.calibration``), outside ``key()``: recalibrating
+re-embeds nothing, and the snapshot records the calibration separately.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Protocol
+
+from core.vectors.calibration import Calibration
 
 PREPROCESSING = "ws1"  # whitespace runs collapsed to one space, ends stripped
 
@@ -34,18 +39,25 @@ class Fingerprint:
     model: str
     revision: str
     dimensions: int
-    cosine_floor: float
+    calibration: Calibration
     metric: str = "cosine"
     preprocessing: str = PREPROCESSING
 
     def key(self) -> str:
-        """Identifies the vector space: everything but the floor, which only
-        filters hits at query time and so never forces a re-embedding."""
-        fields = {k: v for k, v in asdict(self).items() if k != "cosine_floor"}
+        """Identifies the vector space: everything but the calibration, which
+        applies at query time only and so never forces a re-embedding."""
+        fields = {k: v for k, v in asdict(self).items() if k != "calibration"}
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
+    def calibration_id(self) -> str:
+        """What a snapshot records and compile checks besides ``key()``."""
+        return self.calibration.id(self.key())
+
+    def with_calibration(self, calibration: Calibration) -> "Fingerprint":
+        return replace(self, calibration=calibration)
+
     def as_dict(self) -> dict:
-        return {**asdict(self), "key": self.key()}
+        return {**asdict(self), "key": self.key(), "calibration_id": self.calibration_id()}
 
 
 class Embedder(Protocol):

@@ -12,17 +12,21 @@ import hashlib
 import math
 import re
 
+from core.vectors.calibration import Calibration
 from core.vectors.embedder import Fingerprint, prepare
 
 WORD = re.compile(r"\w+")
+# not measured on real text (this is no model): low enough that shared word
+# pieces count, so tests can make paraphrases out of shared stems
+CALIBRATION = Calibration(floor=0.1, ceiling=0.6, knn=100, basis="tests only, not calibrated")
 
 
 class HashEmbedder:
-    def __init__(self, dims: int = 256, cosine_floor: float = 0.1):
+    def __init__(self, dims: int = 256, calibration: Calibration = CALIBRATION):
         if not 8 <= dims <= 4096:
             raise ValueError("hash embedder dimensions must be 8–4096")
         self.dims = dims
-        self.fingerprint = Fingerprint("hash", "feature-hash-w12-c3", "1", dims, cosine_floor)
+        self.fingerprint = Fingerprint("hash", "feature-hash-w12-c3", "1", dims, calibration)
 
     def _features(self, text: str) -> list[str]:
         words = WORD.findall(prepare(text).lower())

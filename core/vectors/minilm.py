@@ -7,6 +7,15 @@ model, Apache-2.0) in ``core/models/``, also pinned. Runs
 on onnxruntime + tokenizers: max 256 tokens, mean pooling over the attention
 mask, L2 normalization (the sentence-transformers pipeline of this model).
 Nothing is ever downloaded; a missing or altered file is an error.
+
+Many texts (a rebuild's) run in batches: sorted by token count and cut into
+batches of at most ``BATCH_TEXTS`` texts and ``BATCH_TOKENS`` padded tokens,
+so a batch pads little; one forward pass per text cost 349 s for 10k claims.
+Padding is masked out of attention and pooling, so a text's vector is the
+same to ~1e-6 cosine whatever it is batched with (the int8 activations'
+scale is per batch). The session never spins waiting for work
+(``allow_spinning`` 0): on Lambda and a shared host an idle spin burns the
+CPU the next request needs.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import os
 import threading
 
 from core.checksum import file_sha256
+from core.vectors.calibration import Calibration
 from core.vectors.embedder import EmbedderError, Fingerprint, prepare
 
 MODEL = "all-MiniLM-L6-v2"
@@ -24,11 +34,16 @@ MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "models")
 TOKENIZER_PATH = os.path.join(MODELS_DIR, "all-MiniLM-L6-v2.tokenizer.json")
 DIMENSIONS = 384
 MAX_TOKENS = 256
+# measured: bench.calibration_eval --sweep on tests/fixtures/calibration (docs/vectors.md)
+CALIBRATION = Calibration(floor=0.2, ceiling=0.55, knn=10, cap=0.99,
+                          basis="bench.calibration_eval --sweep, tests/fixtures/calibration/set.json, 2026-12-04")
+BATCH_TEXTS = 64
+BATCH_TOKENS = 4096  # padded tokens per forward pass: bounds the activations' memory
 
 
 class LocalOnnxEmbedder:
-    def __init__(self, cosine_floor: float = 0.15, threads: int | None = None):
-        self.fingerprint = Fingerprint("local", f"{MODEL}-onnx-int8", MODEL_SHA256[:12], DIMENSIONS, cosine_floor)
+    def __init__(self, calibration: Calibration = CALIBRATION, threads: int | None = None):
+        self.fingerprint = Fingerprint("local", f"{MODEL}-onnx-int8", MODEL_SHA256[:12], DIMENSIONS, calibration)
         self.threads = threads
         self._session = None
         self._tokenizer = None
@@ -60,8 +75,10 @@ class LocalOnnxEmbedder:
             tokenizer.no_padding()
             options = ort.SessionOptions()
             options.log_severity_level = 3
-            if self.threads:
-                options.intra_op_num_threads = self.threads
+            options.intra_op_num_threads = self.threads or min(os.cpu_count() or 1, 4)
+            options.inter_op_num_threads = 1
+            options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             self._session = ort.InferenceSession(model_path, sess_options=options,
                                                  providers=["CPUExecutionProvider"])
             self._tokenizer = tokenizer
@@ -70,15 +87,38 @@ class LocalOnnxEmbedder:
         import numpy as np
 
         self.load()
-        out = []
-        for text in texts:  # one text per run: no padding, same vector whatever the batch
-            enc = self._tokenizer.encode(prepare(text))
-            ids = np.array([enc.ids], dtype=np.int64)
-            mask = np.array([enc.attention_mask], dtype=np.int64)
+        encodings = self._tokenizer.encode_batch([prepare(text) for text in texts])
+        out: list = [None] * len(texts)
+        for batch in batches([len(e.ids) for e in encodings]):
+            width = max(len(encodings[i].ids) for i in batch)
+            ids = np.zeros((len(batch), width), dtype=np.int64)
+            mask = np.zeros_like(ids)
+            for row, i in enumerate(batch):
+                n = len(encodings[i].ids)
+                ids[row, :n] = encodings[i].ids
+                mask[row, :n] = 1
             hidden = self._session.run(None, {"input_ids": ids, "attention_mask": mask,
                                               "token_type_ids": np.zeros_like(ids)})[0]
             weights = mask[..., None].astype(np.float32)
             pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
             pooled = pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
-            out.append(pooled[0].astype(np.float32).tolist())
+            for row, i in enumerate(batch):
+                out[i] = pooled[row].astype(np.float32).tolist()
         return out
+
+
+def batches(lengths: list[int], max_texts: int = BATCH_TEXTS, max_tokens: int = BATCH_TOKENS) -> list[list[int]]:
+    """Indexes of texts grouped by similar length: sorted by token count,
+    cut when a batch would exceed ``max_texts`` texts or ``max_tokens``
+    padded tokens (its longest text times its size)."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    out: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current and (len(current) == max_texts or lengths[i] * (len(current) + 1) > max_tokens):
+            out.append(current)
+            current = []
+        current.append(i)
+    if current:
+        out.append(current)
+    return out
