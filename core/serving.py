@@ -59,7 +59,7 @@ class ServerApp:
         cache_dir = os.path.join(self.settings.cache_dir, f"{SERVE_DIR_PREFIX}{os.getpid()}")
         remove_stale_server_dirs(self.settings.cache_dir)
         settings = dataclasses.replace(self.settings, cache_dir=cache_dir)
-        service = Service(settings, rebuilds=RebuildClient(self.address, self.authkey), bell=self.bell)
+        service = Service(settings, rebuilds=RebuildClient.connect(self.address, self.authkey), bell=self.bell)
         for org_id in service.ledger.organizations()[:settings.max_orgs]:
             service.reader.check(org_id)  # fetched and verified before the first request, as at start
         threading.Thread(target=follow_bell, args=(service.reader,), name="titen-bell", daemon=True).start()

@@ -41,7 +41,7 @@ def supervised(tmp_path):
     server_settings = _settings(tmp_path, TITEN_SNAPSHOT_TTL="3600")
     server = Service(Settings(**{**server_settings.__dict__,
                                  "cache_dir": os.path.join(server_settings.cache_dir, "serve-test")}),
-                     rebuilds=RebuildClient(address, authkey), bell=bell)
+                     rebuilds=RebuildClient.connect(address, authkey), bell=bell)
     return Api(server), supervisor, bell
 
 
@@ -96,16 +96,48 @@ def test_a_reader_serves_a_new_generation_when_the_bell_rings_not_after_its_ttl(
 
 
 def test_a_write_is_stored_and_acknowledged_when_the_supervisor_is_unreachable(tmp_path, caplog):
-    server = Service(_settings(tmp_path), rebuilds=RebuildClient.__new__(RebuildClient))
-    server.rebuilds._rebuilds = None  # any call fails, as on a closed connection
-    api = Api(server)
+    class Gone:
+        """The supervisor's proxy once its process is gone: every call fails."""
+
+        def request(self, org_id):
+            raise ConnectionRefusedError(111, "Connection refused")
+
+        def rebuild(self, org_id, from_scratch, force):
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    api = Api(Service(_settings(tmp_path), rebuilds=RebuildClient(Gone())))
     key = api.key()
     with caplog.at_level(logging.ERROR, logger="titen"):
         written = api.observe(key, claim=STATEMENT)
+        assert _wait(lambda: "the write is stored" in caplog.text, 30)
     assert any(written["observation_id"][4:] in k for k in api.ledger_keys())
-    assert "the write is stored" in caplog.text
     response = api.post("/v1/admin/rebuild", b"", key)
     assert response.status_code == 503 and response.json()["error"]["code"] == "UNAVAILABLE"
+
+
+def test_a_burst_of_writes_asks_the_supervisor_once_per_message_in_flight(tmp_path):
+    """While one request is on its way, the writes behind it are folded into
+    the next: a burst costs a few messages, not one per write."""
+    import threading
+
+    arrived, release = threading.Event(), threading.Event()
+    received = []
+
+    class Slow:
+        def request(self, org_id):
+            received.append(org_id)
+            arrived.set()
+            release.wait(30)
+
+    client = RebuildClient(Slow())
+    client.request("acme")
+    assert arrived.wait(30)
+    for _ in range(100):
+        client.request("acme")
+    client.request("globex")
+    release.set()
+    assert _wait(lambda: len(received) == 3, 30)
+    assert sorted(received[1:]) == ["acme", "globex"]
 
 
 # -- the processes of `titen serve` -----------------------------------------------------------

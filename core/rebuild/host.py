@@ -6,9 +6,10 @@ held the one GIL that process's requests need (measured under a 4-client
 bulk load: ~40% of the server's GIL time, writes queued behind it). So the
 supervisor builds, and the servers only ask:
 
-- ``request(org)`` after every write: the supervisor's timer folds a burst
-  into one rebuild a quarter of a second later (``core.service``), as the
-  SQS FIFO queue does on Lambda;
+- ``request(org)`` after a write (``RebuildClient`` sends it from a thread
+  of its own): the supervisor's timer folds a burst into one rebuild a
+  quarter of a second later (``core.service``), as the SQS FIFO queue does
+  on Lambda;
 - ``rebuild(org, …)`` for ``POST /v1/admin/rebuild``: the server waits for
   the supervisor's answer, then serves the result.
 
@@ -81,21 +82,48 @@ def host(service) -> tuple[tuple[str, int], bytes]:
 
 class RebuildClient:
     """A server process's way to the supervisor's rebuilds (thread-safe: each
-    thread gets its own connection)."""
+    thread gets its own connection).
 
-    def __init__(self, address: tuple[str, int], authkey: bytes):
+    ``request`` does not wait for the supervisor: it notes the organization
+    and a sender thread passes it on, so a write answers without a round
+    trip, and a burst of writes costs one message per organization while a
+    message is on its way (measured under a 4-client load: the round trip
+    took ~10% of a server's GIL time). The write is stored before it is
+    noted, and the supervisor's rebuild lists the ledger after it receives
+    the request, so the rebuild applies the write."""
+
+    def __init__(self, rebuilds):
+        self._rebuilds = rebuilds  # the proxy of the supervisor's Rebuilds
+        self._wanted: set[str] = set()
+        self._signal = threading.Condition()
+        threading.Thread(target=self._send, name="titen-rebuild-requests", daemon=True).start()
+
+    @classmethod
+    def connect(cls, address: tuple[str, int], authkey: bytes) -> "RebuildClient":
         channel = _channel()
         channel.register("rebuilds")
         manager = channel(address=tuple(address), authkey=authkey)
         manager.connect()
-        self._rebuilds = manager.rebuilds()
+        return cls(manager.rebuilds())
 
     def request(self, org_id: str) -> None:
-        try:
-            self._rebuilds.request(org_id)
-        except Exception as exc:  # the write is stored: acknowledge it, say so here
-            log.error("asking for a rebuild of %s failed (%s); the write is stored and the next "
-                      "rebuild applies it", org_id, type(exc).__name__)
+        with self._signal:
+            if org_id not in self._wanted:  # already noted: the message on its way covers it
+                self._wanted.add(org_id)
+                self._signal.notify()
+
+    def _send(self) -> None:
+        while True:
+            with self._signal:
+                while not self._wanted:
+                    self._signal.wait()
+                wanted, self._wanted = self._wanted, set()
+            for org_id in wanted:
+                try:
+                    self._rebuilds.request(org_id)
+                except Exception as exc:  # the write is stored and was acknowledged: say so here
+                    log.error("asking for a rebuild of %s failed (%s); the write is stored and the next "
+                              "rebuild applies it", org_id, type(exc).__name__)
 
     def rebuild(self, org_id: str, *, from_scratch: bool = False, force: bool = False) -> RebuildResult:
         try:
