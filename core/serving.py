@@ -26,6 +26,7 @@ request at a time (``handler/``).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import multiprocessing
 import os
 import shutil
@@ -91,7 +92,10 @@ def follow_bell(reader, interval: float = BELL_CHECK_SECONDS) -> None:
         if reader.bell.value != seen:
             seen = reader.bell.value
             for org_id in reader.loaded():
-                reader.check(org_id)  # due now: the reader saw the bell too
+                try:
+                    reader.check(org_id)  # due now: the reader saw the bell too
+                except Exception:  # never raises by contract; if it did, keep following
+                    logging.getLogger("titen").exception("refreshing %s after a publish failed", org_id)
 
 
 def remove_stale_server_dirs(cache_dir: str) -> None:
