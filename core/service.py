@@ -38,12 +38,12 @@ AUTO_REBUILD_DELAY = 0.25
 
 class Service:
     def __init__(self, settings: Settings, *, auto_rebuild: bool = False, store=None, embedder=None,
-                 rebuilds=None, serves: bool = True, on_publish=None, bell=None):
+                 rebuilds=None, serves: bool = True, bell=None):
         """``rebuilds``: a server process of ``titen serve`` asks its
         supervisor for every rebuild (``core.rebuild.host``); ``serves``
         False: the supervisor itself, which builds but serves nothing;
-        ``on_publish(result)`` after each published generation; ``bell``:
-        the supervisor's publish counter this reader looks at per request."""
+        ``bell``: the supervisor's publish counter this reader looks at per
+        request (core.serving sets the supervisor's ``on_publish`` to ring it)."""
         self.settings = settings
         self.metrics = Metrics.from_settings(settings)  # EMF on stdout when TITEN_METRICS=emf
         self.store = store or open_store(settings.store_url)
@@ -77,7 +77,7 @@ class Service:
         self.auto_rebuild = auto_rebuild
         self.rebuilds = rebuilds
         self.serves = serves
-        self.on_publish = on_publish
+        self.on_publish = None  # called with each generation this process publishes
         self.rebuild_queue = None
         if settings.rebuild_queue_url and not auto_rebuild:
             from core.rebuild.queue import RebuildQueue

@@ -77,6 +77,22 @@ def _task(rng: random.Random) -> str:
                     for _ in range(rng.randint(1, 8)))
 
 
+def _answers_as_fts5(db, rng, *, tries: int, k: int) -> int:
+    """Random scopes and tasks: the candidate index answers exactly as the
+    FTS5 query (rows and bm25); how many tasks were checked."""
+    checked = 0
+    for _ in range(tries):
+        scope = _scope(rng)
+        plan = plan_query(_task(rng))
+        if not plan.match:
+            continue
+        where, params = scope.where()
+        expected = fts_candidates(db, where, params, plan.match, k)
+        assert lexical.top_candidates(db, scope.subject_id, where, params, plan.terms, k) == expected
+        checked += 1
+    return checked
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_equals_fts5_query(seed):
     rng = random.Random(seed)
@@ -257,17 +273,7 @@ def test_tiny_blocks_answer_as_the_fts5_query(monkeypatch):
             lexical.update_lexical_index(db, changes)
     assert db.execute("SELECT count(*) FROM lex_postings WHERE n < 4").fetchone()[0] > 10
     lexical.query._STATES.clear()
-    checked = 0
-    for _ in range(40):
-        scope = _scope(rng)
-        plan = plan_query(_task(rng))
-        if not plan.match:
-            continue
-        where, params = scope.where()
-        expected = fts_candidates(db, where, params, plan.match, 20)
-        assert lexical.top_candidates(db, scope.subject_id, where, params, plan.terms, 20) == expected
-        checked += 1
-    assert checked > 20
+    assert _answers_as_fts5(db, rng, tries=40, k=20) > 20
 
 
 def test_an_index_of_another_version_is_rebuilt_whole(monkeypatch):
@@ -426,17 +432,7 @@ def test_an_index_built_under_another_libm_answers_as_this_platforms_fts5(monkey
     db = _corpus(rng, 600)
     forged = _built_elsewhere(monkeypatch, db)
     assert forged != lexical.platform_fingerprint() and lexical.recorded_fingerprint(db) == forged
-    checked = 0
-    for _ in range(60):
-        scope = _scope(rng)
-        plan = plan_query(_task(rng))
-        if not plan.match:
-            continue
-        where, params = scope.where()
-        expected = fts_candidates(db, where, params, plan.match, 50)
-        assert lexical.top_candidates(db, scope.subject_id, where, params, plan.terms, 50) == expected
-        checked += 1
-    assert checked > 30
+    assert _answers_as_fts5(db, rng, tries=60, k=50) > 30
 
 
 def test_pricing_with_another_libm_would_be_wrong_here(monkeypatch):

@@ -296,6 +296,23 @@ def test_retired_generations_release_their_connections(tmp_path):
     assert len(open_on_cache) <= 2, len(open_on_cache)
 
 
+def _held_downloads(store, monkeypatch):
+    """Downloads from ``store`` wait until ``release`` is set; ``fetching``
+    is set when one has started: (fetching, release)."""
+    import threading
+
+    fetching, release = threading.Event(), threading.Event()
+    download = store.download_file
+
+    def held(key, path):
+        fetching.set()
+        release.wait(30)
+        download(key, path)
+
+    monkeypatch.setattr(store, "download_file", held)
+    return fetching, release
+
+
 def test_a_request_during_the_first_load_waits_for_it_rather_than_answering_unavailable(store, tmp_path,
                                                                                        monkeypatch):
     """Two requests reach a cold reader together (a freshly started server
@@ -305,15 +322,7 @@ def test_a_request_during_the_first_load_waits_for_it_rather_than_answering_unav
     observe(store, "The staging cluster runs Postgres 16")
     publish(store, tmp_path)
     reader = SnapshotReader(store, str(tmp_path / "cache"), ttl_seconds=3600)
-    fetching, release = threading.Event(), threading.Event()
-    download = store.download_file
-
-    def slow_download(key, path):
-        fetching.set()
-        release.wait(30)
-        download(key, path)
-
-    monkeypatch.setattr(store, "download_file", slow_download)
+    fetching, release = _held_downloads(store, monkeypatch)
     first = {}
     loader = threading.Thread(target=lambda: first.setdefault("snapshot", reader.current(ORG)))
     loader.start()
@@ -345,15 +354,7 @@ def test_after_the_bell_a_request_waits_for_the_refresh_in_flight_not_the_older_
     observe(store, "The staging cluster runs Redis 7")
     publish(store, tmp_path)
     bell.value += 1
-    fetching, release = threading.Event(), threading.Event()
-    download = store.download_file
-
-    def slow_download(key, path):
-        fetching.set()
-        release.wait(30)
-        download(key, path)
-
-    monkeypatch.setattr(store, "download_file", slow_download)
+    fetching, release = _held_downloads(store, monkeypatch)
     loader = threading.Thread(target=reader.current, args=(ORG,))
     loader.start()
     assert fetching.wait(30)

@@ -24,7 +24,6 @@ import numpy as np
 
 from core.lexical.bm25 import (B, DL_MASK, FTS_TOKENIZER_ARGS, K1, LEX_VERSION, TF_SHIFT, contributions,
                                idf_for, read_averages)
-from core.lexical.libm import recorded_fingerprint
 
 # priced lists kept per connection, at most this many bytes each
 PRICED_CACHE_BYTES = 16 << 20
@@ -32,7 +31,7 @@ PRICED_CACHE_BYTES = 16 << 20
 
 class _State:
     __slots__ = ("ok", "tokenizer", "rowid_type", "rowid_dtype", "token_cache", "n_rows", "avgdl",
-                 "libm", "priced", "priced_bytes")
+                 "priced", "priced_bytes")
 
     def __init__(self, db: apsw.Connection):
         self.ok = False
@@ -55,9 +54,6 @@ class _State:
         current, current_rows, _ = read_averages(db)
         self.ok = (version == LEX_VERSION and byteorder == sys.byteorder and bytes(averages) == current
                    and n_rows == current_rows)
-        # where it was built (informational: contributions are priced here,
-        # with this process's log(), the one this process's FTS5 calls)
-        self.libm = recorded_fingerprint(db)
         self.tokenizer = db.fts5_tokenizer(*FTS_TOKENIZER_ARGS)
 
     def token(self, term: str) -> str | None:

@@ -35,6 +35,12 @@ import json
 from dataclasses import asdict, dataclass
 
 
+def fields_id(fields: dict) -> str:
+    """16 hex digits naming a set of settings (a fingerprint's key, a
+    calibration's id): the sha256 of their canonical JSON."""
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class Calibration:
     floor: float
@@ -67,9 +73,8 @@ class Calibration:
     def id(self, fingerprint_key: str) -> str:
         """Identifies this calibration of that vector space (``basis`` aside:
         it documents, it does not change a ranking)."""
-        fields = {"key": fingerprint_key, "floor": self.floor, "ceiling": self.ceiling, "knn": self.knn,
-                  "cap": self.cap}
-        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+        return fields_id({"key": fingerprint_key, "floor": self.floor, "ceiling": self.ceiling, "knn": self.knn,
+                          "cap": self.cap})
 
     def as_dict(self) -> dict:
         return asdict(self)

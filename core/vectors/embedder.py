@@ -12,11 +12,10 @@ re-embeds nothing, and the snapshot records the calibration separately.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import asdict, dataclass, replace
 from typing import Protocol
 
-from core.vectors.calibration import Calibration
+from core.vectors.calibration import Calibration, fields_id
 
 PREPROCESSING = "ws1"  # whitespace runs collapsed to one space, ends stripped
 
@@ -29,8 +28,13 @@ def prepare(text: str) -> str:
     return " ".join(text.split())
 
 
+def text_digest(text: str) -> bytes:
+    """The embedding cache's key of a text: the sha256 of what is embedded."""
+    return hashlib.sha256(prepare(text).encode()).digest()
+
+
 def text_sha256(text: str) -> str:
-    return hashlib.sha256(prepare(text).encode()).hexdigest()
+    return text_digest(text).hex()
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ class Fingerprint:
         """Identifies the vector space: everything but the calibration, which
         applies at query time only and so never forces a re-embedding."""
         fields = {k: v for k, v in asdict(self).items() if k != "calibration"}
-        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+        return fields_id(fields)
 
     def calibration_id(self) -> str:
         """What a snapshot records and compile checks besides ``key()``."""

@@ -18,7 +18,6 @@ what the caller may not read never takes a place in the shortlist.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import weakref
 from array import array
@@ -26,7 +25,7 @@ from array import array
 import apsw
 import numpy as np
 
-from core.vectors.embedder import prepare
+from core.vectors.embedder import text_digest
 
 
 class SubjectSigns:
@@ -89,7 +88,7 @@ class SignCache:
             statements = dict(db.execute("SELECT rowid, statement FROM claims WHERE rowid IN carray(?)",
                                          (apsw.carray(array("q", [r[0] for r in rows])),))) if rows else {}
             # a row whose claim is gone has no cached vector to find: any digest misses
-            digests = b"".join(hashlib.sha256(prepare(statements.get(r[0], "")).encode()).digest() for r in rows)
+            digests = b"".join(text_digest(statements.get(r[0], "")) for r in rows)
             signs = SubjectSigns(rows, digests)
             with self._lock:
                 held[subject_key] = signs
