@@ -173,10 +173,16 @@ def _alive(pid: int) -> bool:
 
 
 def _wait(condition, seconds=60.0) -> bool:
+    """Whether ``condition`` held at some moment within ``seconds`` (it is
+    not asked again after holding: /proc's children lists are read while
+    processes start and end)."""
     deadline = time.monotonic() + seconds
-    while not condition() and time.monotonic() < deadline:
+    while True:
+        if condition():
+            return True
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.1)
-    return condition()
 
 
 def test_titen_serve_runs_the_server_processes_it_is_asked_for(tmp_path):
