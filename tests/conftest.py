@@ -6,7 +6,9 @@ import pytest
 
 from core.storage.local import LocalStore
 
-STORE_BACKENDS = ["local", "s3"]
+# "local-named": the local store where the platform has no O_TMPFILE, so
+# every put-if-absent goes through a named temporary file
+STORE_BACKENDS = ["local", "local-named", "s3"]
 
 
 def serialize_moto(monkeypatch) -> None:
@@ -29,6 +31,11 @@ def serialize_moto(monkeypatch) -> None:
 @pytest.fixture(params=STORE_BACKENDS)
 def store(request, tmp_path, monkeypatch):
     if request.param == "local":
+        yield LocalStore(str(tmp_path / "store"))
+    elif request.param == "local-named":
+        import core.storage.local
+
+        monkeypatch.setattr(core.storage.local, "_UNNAMED", False)
         yield LocalStore(str(tmp_path / "store"))
     elif request.param == "s3":
         import boto3

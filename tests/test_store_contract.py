@@ -191,6 +191,45 @@ def test_a_temporary_file_of_a_killed_write_is_never_listed_and_removed_once_sta
     assert not stale.exists() and fresh.exists()  # a young one may be a live writer's
 
 
+def test_local_put_if_absent_creates_no_named_temporary_on_linux(tmp_path, monkeypatch):
+    """On Linux (here, CI, Lambda) a ledger entry is an O_TMPFILE inode
+    linked into place: no temporary name is created and unlinked per write."""
+    from core.storage.local import LocalStore
+
+    def named(*args, **kwargs):
+        raise AssertionError("a named temporary was written")
+
+    local = LocalStore(str(tmp_path / "s"))
+    monkeypatch.setattr(local, "_write_temp", named)
+    local.put_if_absent("orgs/acme/ledger/a.json", b'{"x":1}')
+    assert local.get("orgs/acme/ledger/a.json").body == b'{"x":1}'
+
+
+def test_local_put_if_absent_falls_back_to_a_named_temporary_when_the_file_system_refuses_o_tmpfile(
+        tmp_path, monkeypatch):
+    import errno
+    import os
+
+    import core.storage.local
+    from core.storage.local import LocalStore
+
+    real_open = os.open
+
+    def refusing(path, flags, *args, **kwargs):
+        if flags & os.O_TMPFILE == os.O_TMPFILE:
+            raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(core.storage.local, "_UNNAMED", True)
+    monkeypatch.setattr(core.storage.local.os, "open", refusing)
+    local = LocalStore(str(tmp_path / "s"))
+    local.put_if_absent("orgs/acme/ledger/a.json", b"{}")
+    with pytest.raises(PreconditionFailed):
+        local.put_if_absent("orgs/acme/ledger/a.json", b"{}")
+    assert local.get("orgs/acme/ledger/a.json").body == b"{}"
+    assert core.storage.local._UNNAMED is False  # asked once per process, not per write
+
+
 def test_purge_removes_the_key_and_is_quiet_when_absent(store):
     etag = store.put_if_absent("orgs/a/claims/0001.json", b"v1")
     store.compare_and_swap("orgs/a/claims/0001.json", b"v2", etag)
@@ -215,3 +254,15 @@ def test_purge_prefix_keeps_only_the_named_keys(store):
     store.purge_prefix("orgs/a/snapshots/", keep={"orgs/a/snapshots/0003.sqlite"})
     assert list(store.list_keys("orgs/a/snapshots/")) == ["orgs/a/snapshots/0003.sqlite"]
     assert store.get("orgs/b/snapshots/0001.sqlite").body == b"other org"
+
+
+def test_put_if_absent_leaves_no_temporary_name_beside_the_object(store):
+    """Whichever way the local store links a body into place (an unnamed
+    O_TMPFILE inode, or a named temporary), nothing but the object remains."""
+    store.put_if_absent("orgs/a/ledger/0001.json", b"{}")
+    with pytest.raises(PreconditionFailed):
+        store.put_if_absent("orgs/a/ledger/0001.json", b"{}")
+    if hasattr(store, "root"):
+        import os
+        assert os.listdir(os.path.join(store.root, "orgs", "a", "ledger")) == ["0001.json"]
+    assert list(store.list_keys("orgs/a/")) == ["orgs/a/ledger/0001.json"]

@@ -4,13 +4,19 @@ Rules it enforces, so that a crash can never leave a half-written object:
 every write goes to a temporary file in the target directory, is fsynced,
 then moved into place (``os.link`` for put-if-absent, which fails atomically
 when the name exists; ``os.replace`` for compare-and-swap), and the directory
-itself is fsynced. Compare-and-swap and delete serialize on an advisory lock
+itself is fsynced. Put-if-absent of a body (every ledger entry, every
+compile's run) writes an unnamed ``O_TMPFILE`` inode and links it by its
+descriptor where the platform has one: no name is created and unlinked per
+write. On ext4 without a journal each unlinked temporary made the next
+inode allocations scan past it (``recently_deleted``), measured at ~15% of
+a server's CPU under a 4-client write load. Compare-and-swap and delete serialize on an advisory lock
 (``fcntl.flock``), which also holds between processes sharing the directory,
 so ``titen keys create`` and ``titen serve`` can share one store.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
@@ -26,6 +32,10 @@ from core.checksum import file_sha256
 from core.storage.contract import ObjectNotFound, PreconditionFailed, Store, StoredObject, StoreError
 
 _TMP_PREFIX = ".tmp-"
+# O_TMPFILE is Linux's (3.11+) and needs the file system's support; the
+# first refusal turns it off for this process
+_UNNAMED = hasattr(os, "O_TMPFILE")
+_NO_UNNAMED = {errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOSYS}
 _LOCK_NAME = ".lock"
 
 
@@ -170,9 +180,50 @@ class LocalStore(Store):
 
     def put_if_absent(self, key: str, body: bytes) -> str:
         path = self._path(key)
-        tmp = self._write_temp(path, body)
-        self._link_into_place(tmp, path, key)
+        if not self._put_unnamed(path, key, body):
+            tmp = self._write_temp(path, body)
+            self._link_into_place(tmp, path, key)
         return _etag(body)
+
+    def _put_unnamed(self, path: str, key: str, body: bytes) -> bool:
+        """Put-if-absent through an ``O_TMPFILE`` inode linked into place;
+        False (nothing written) where the platform or file system has none."""
+        global _UNNAMED
+        if not _UNNAMED:
+            return False
+        directory, name = os.path.split(path)
+        flags = os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC
+        try:
+            try:
+                fd = os.open(directory, flags, 0o644)
+            except FileNotFoundError:
+                os.makedirs(directory, exist_ok=True)
+                fd = os.open(directory, flags, 0o644)
+        except OSError as exc:
+            if exc.errno in _NO_UNNAMED:
+                _UNNAMED = False
+                return False
+            raise
+        try:
+            view = memoryview(body)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                try:
+                    os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd, follow_symlinks=True)
+                except FileExistsError:
+                    raise PreconditionFailed(f"{key} already exists") from None
+                except FileNotFoundError:  # no /proc: a temporary name after all
+                    _UNNAMED = False
+                    return False
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        finally:
+            os.close(fd)
+        return True
 
     def _link_into_place(self, tmp: str, path: str, key: str) -> None:
         try:
