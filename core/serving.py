@@ -43,12 +43,15 @@ SERVE_DIR_PREFIX = "serve-"
 class ServerApp:
     """The app factory each server process calls (uvicorn pickles it into
     the spawned process: settings, the supervisor's address and key, and
-    the bell, which a spawned process may inherit only this way)."""
+    the counters in shared memory — the bell, the rebuilds begun, the
+    writes stored — which a spawned process may inherit only this way)."""
 
     settings: Settings
     address: tuple[str, int]
     authkey: bytes
     bell: object
+    begun: object
+    written: object
 
     def __call__(self):
         from core.api.app import create_app
@@ -60,7 +63,8 @@ class ServerApp:
         cache_dir = os.path.join(self.settings.cache_dir, f"{SERVE_DIR_PREFIX}{os.getpid()}")
         remove_stale_server_dirs(self.settings.cache_dir)
         settings = dataclasses.replace(self.settings, cache_dir=cache_dir)
-        service = Service(settings, rebuilds=RebuildClient.connect(self.address, self.authkey), bell=self.bell)
+        rebuilds = RebuildClient.connect(self.address, self.authkey, self.begun, self.written)
+        service = Service(settings, rebuilds=rebuilds, bell=self.bell)
         for org_id in service.ledger.organizations()[:settings.max_orgs]:
             service.reader.check(org_id)  # fetched and verified before the first request, as at start
         threading.Thread(target=follow_bell, args=(service.reader,), name="titen-bell", daemon=True).start()
@@ -124,6 +128,34 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@dataclasses.dataclass
+class Shared:
+    """The supervisor's counters in shared memory, handed to every server."""
+
+    bell: object  # rung after each publish: a reader refreshes at its next request
+    begun: object  # scheduled rebuilds begun (core.rebuild.host.RebuildClient)
+    written: object  # writes stored by any server: rebuilds are spaced while it moves
+
+
+def supervise(service) -> Shared:
+    """Make ``service`` (built with ``auto_rebuild``, serving nothing) the
+    supervisor: its publishes ring the bell, its scheduled rebuilds move
+    ``begun``, and it reads ``written`` (core.service)."""
+    spawn = multiprocessing.get_context("spawn")
+    # begun has its lock: a server that reads the old count reads it before
+    # the rebuild that moves it lists the ledger. The others are hints.
+    shared = Shared(bell=spawn.RawValue("Q", 0), begun=spawn.Value("Q", 0), written=spawn.RawValue("Q", 0))
+    ringing = threading.Lock()  # rebuilds of two organizations may publish at once
+
+    def ring(result) -> None:
+        with ringing:
+            shared.bell.value += 1
+
+    service.on_publish = ring
+    service.begun, service.written = shared.begun, shared.written
+    return shared
+
+
 def serve(service, *, host: str, port: int, workers: int, log_level: str) -> None:
     """Host ``service``'s rebuilds (the supervisor's Service: it builds and
     serves nothing) and run ``workers`` servers until interrupted."""
@@ -133,17 +165,11 @@ def serve(service, *, host: str, port: int, workers: int, log_level: str) -> Non
     from core.api.edge import SERVER_SETTINGS, EnvelopeHttpToolsProtocol
     from core.rebuild.host import host as host_rebuilds
 
-    bell = multiprocessing.get_context("spawn").RawValue("Q", 0)
-    ringing = threading.Lock()  # rebuilds of two organizations may publish at once
-
-    def ring(result) -> None:
-        with ringing:
-            bell.value += 1
-
-    service.on_publish = ring
+    shared = supervise(service)
     address, authkey = host_rebuilds(service)
     remove_stale_server_dirs(service.settings.cache_dir)
-    config = uvicorn.Config(ServerApp(service.settings, address, authkey, bell), factory=True, host=host,
+    config = uvicorn.Config(ServerApp(service.settings, address, authkey, shared.bell, shared.begun,
+                                      shared.written), factory=True, host=host,
                             port=port, workers=workers, log_level=log_level, access_log=log_level == "debug",
                             http=EnvelopeHttpToolsProtocol, **SERVER_SETTINGS)
     sock = config.bind_socket()

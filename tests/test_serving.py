@@ -13,7 +13,7 @@ import pytest
 from bench.common import Served
 from core.config import Settings
 from core.rebuild.host import RebuildClient, host
-from core.serving import SERVE_DIR_PREFIX
+from core.serving import SERVE_DIR_PREFIX, supervise
 from core.service import Service
 from core.snapshot.reader import SnapshotReader
 from tests.conftest import Api
@@ -30,19 +30,15 @@ def supervised(tmp_path):
     """A server process's Service asking a supervisor's Service (hosted on
     loopback from this process) for its rebuilds, with the bell between
     them; a TTL of an hour, so only the bell can show a new generation."""
-    bell = multiprocessing.get_context("spawn").RawValue("Q", 0)
     supervisor = Service(_settings(tmp_path), auto_rebuild=True, serves=False)
-
-    def ring(result):
-        bell.value += 1
-
-    supervisor.on_publish = ring
+    shared = supervise(supervisor)
     address, authkey = host(supervisor)
     server_settings = _settings(tmp_path, TITEN_SNAPSHOT_TTL="3600")
     server = Service(Settings(**{**server_settings.__dict__,
                                  "cache_dir": os.path.join(server_settings.cache_dir, "serve-test")}),
-                     rebuilds=RebuildClient.connect(address, authkey), bell=bell)
-    return Api(server), supervisor, bell
+                     rebuilds=RebuildClient.connect(address, authkey, shared.begun, shared.written),
+                     bell=shared.bell)
+    return Api(server), supervisor, shared.bell
 
 
 def _compiled_ids(api, key, task="which Postgres does staging run"):
@@ -138,6 +134,88 @@ def test_a_burst_of_writes_asks_the_supervisor_once_per_message_in_flight(tmp_pa
     release.set()
     assert _wait(lambda: len(received) == 3, 30)
     assert sorted(received[1:]) == ["acme", "globex"]
+
+
+def test_writes_while_their_rebuild_is_pending_send_no_message_until_it_begins():
+    """The answer to a request is the count of rebuilds begun at which the
+    organization's rebuild was pending; while that count stands, that
+    rebuild has not listed the ledger, and a write needs no message."""
+    import types
+
+    begun, written = types.SimpleNamespace(value=5), types.SimpleNamespace(value=0)
+    received = []
+
+    class Supervisor:
+        def request(self, org_id):
+            received.append(org_id)
+            return begun.value
+
+    client = RebuildClient(Supervisor(), begun, written)
+    client.request("acme")
+    assert _wait(lambda: client._covered.get("acme") == 5, 30)
+    for _ in range(100):
+        client.request("acme")
+    assert received == ["acme"] and written.value == 101  # every write counted, one message
+    client.request("globex")  # another organization: its own rebuild
+    assert _wait(lambda: received == ["acme", "globex"], 30)
+    begun.value = 6  # a rebuild began listing: the next write asks again
+    client.request("acme")
+    assert _wait(lambda: received == ["acme", "globex", "acme"], 30)
+
+
+def test_every_write_of_a_burst_is_in_the_generation_served_once_the_writes_pause(supervised):
+    api, supervisor, bell = supervised
+    key = api.key()
+    for i in range(40):
+        api.observe(key, claim={**STATEMENT, "statement": f"Staging host {i} runs Postgres 16"})
+    # the generation served holds all 40 acknowledged claims (a skipped
+    # request that lost a write would leave it short, and nothing rebuilds
+    # it later: no write follows)
+    assert _wait(lambda: api.get("/readyz", key).json()["data"]["claim_count"] == 40, 60)
+    assert supervisor.begun.value >= 1 and bell.value >= 1
+
+
+class _Clock:
+    """core.service's clock in a test: sleeping advances it, and each sleep
+    may count writes (``writes_per_sleep``)."""
+
+    def __init__(self, service, writes_per_sleep):
+        self.now, self.slept = 1000.0, []
+        self.service, self.writes_per_sleep = service, writes_per_sleep
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.slept.append(seconds)
+        self.now += seconds
+        self.service.written.value += self.writes_per_sleep
+
+
+@pytest.mark.parametrize("writes_per_sleep, waits", [
+    (0, "one quiet interval"),  # the writes paused: the pending rebuild runs at once
+    (25, "the whole spacing"),  # writes keep coming: LOAD_SPACING times the last rebuild's duration
+])
+def test_a_scheduled_rebuild_is_spaced_only_while_writes_keep_coming(tmp_path, monkeypatch, writes_per_sleep, waits):
+    import core.service
+
+    service = Service(_settings(tmp_path), auto_rebuild=True, serves=False)
+    clock = _Clock(service, writes_per_sleep)
+    monkeypatch.setattr(core.service, "time", clock)
+    service._last_rebuild["acme"] = (clock.now, 0.4)  # one ended just now, after 0.4 s
+    service._space_under_load("acme")
+    expected = core.service.QUIET_SECONDS if waits == "one quiet interval" else core.service.LOAD_SPACING * 0.4
+    assert sum(clock.slept) == pytest.approx(expected)
+
+
+def test_a_first_scheduled_rebuild_is_not_spaced(tmp_path, monkeypatch):
+    import core.service
+
+    service = Service(_settings(tmp_path), auto_rebuild=True, serves=False)
+    clock = _Clock(service, 25)
+    monkeypatch.setattr(core.service, "time", clock)
+    service._space_under_load("acme")
+    assert clock.slept == []
 
 
 # -- the processes of `titen serve` -----------------------------------------------------------
