@@ -43,16 +43,25 @@ def check_text(value: str, path: str) -> None:
 
 def parse_json_body(raw: bytes) -> dict:
     """The request body as a JSON object, or a ``TitenError`` saying why not."""
-    value = parse_json_value(raw)
+    value, text = _parse(raw)
     if not isinstance(value, dict):
         raise ValidationError("request body must be a JSON object")
-    check_strings(value, "body")
+    # Every character of every string and key is in the text as written
+    # unless an escape made it: a text without a backslash, a surrogate or
+    # a forbidden character holds none in any value, and the walk that
+    # names the offending field is needed only otherwise.
+    if "\\" in text or _SURROGATE.search(text) or _FORBIDDEN.search(text):
+        check_strings(value, "body")
     return value
 
 
 def parse_json_value(raw: bytes) -> Any:
     """Any JSON value under the body rules of size, encoding and depth (the
     text rules are ``check_strings``, applied by the caller to what it reads)."""
+    return _parse(raw)[0]
+
+
+def _parse(raw: bytes) -> tuple[Any, str]:
     if len(raw) > MAX_BODY_BYTES:
         raise PayloadTooLarge(f"request body is {len(raw)} bytes; the limit is {MAX_BODY_BYTES} (1 MiB)")
     if not raw.strip():
@@ -70,37 +79,40 @@ def parse_json_value(raw: bytes) -> Any:
         msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "invalid JSON"
         pos = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
         raise ValidationError(f"request body is not valid JSON: {msg}{pos}") from None
-    return value
+    return value, text
 
 
 def _reject_constant(name: str):
     raise ValidationError(f"request body is not valid JSON: {name} is not a JSON number")
 
 
+# a JSON string, escapes included (the unrolled form: no backtracking)
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+
+
 def _check_depth(text: str) -> None:
     # Count brackets outside strings before parsing, so a deeply nested body
-    # is refused without recursing through it.
+    # is refused without recursing through it. Fewer brackets than the
+    # limit, strings included, cannot nest deeper: no scan. Otherwise the
+    # strings are cut out first (in C), and a quote left over opens one that
+    # never closes: nothing after it counts, as it would not for the parser.
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return
+    outside = _STRING.sub("", text)
+    unclosed = outside.find('"')
+    if unclosed >= 0:
+        outside = outside[:unclosed]
     depth = 0
-    in_string = False
-    escaped = False
-    for ch in re.finditer(r'[\[\]{}"\\]', text):
-        c = ch.group()
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == '"':
-                in_string = False
-            continue
-        if c == '"':
-            in_string = True
-        elif c in "[{":
+    for c in _BRACKETS.findall(outside):
+        if c in "[{":
             depth += 1
             if depth > MAX_DEPTH:
                 raise ValidationError(f"request body nests deeper than {MAX_DEPTH} levels")
-        elif c in "]}":
+        else:
             depth -= 1
+
+
+_BRACKETS = re.compile(r"[\[\]{}]")
 
 
 def check_strings(value: Any, path: str) -> None:

@@ -1,0 +1,73 @@
+"""The body rules of core/validation.py checked against JSON itself: the
+depth limit counts the nesting the parser sees (brackets inside strings,
+escapes and all), and the text rules find a forbidden character however it
+was written (as itself or as an escape)."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.errors import ValidationError
+from core.validation import MAX_DEPTH, parse_json_body, parse_json_value
+
+
+def _depth(value) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
+# strings full of what a bracket counter could trip on
+_TRICKY = st.text(alphabet='[]{}"\\\nabc\t/', max_size=12)
+
+
+def _nested(depth: int, leaf):
+    value = leaf
+    for i in range(depth):
+        value = [value] if i % 2 else {"k": value, "s": "]}\"\\"}
+    return value
+
+
+@settings(max_examples=300, deadline=None)
+@given(depth=st.integers(min_value=0, max_value=MAX_DEPTH + 8), leaf=_TRICKY,
+       siblings=st.lists(_TRICKY, max_size=40))
+def test_the_depth_limit_is_the_nesting_the_parser_sees(depth, leaf, siblings):
+    value = {"pad": siblings, "v": _nested(depth, leaf)}
+    text = json.dumps(value)
+    if _depth(value) > MAX_DEPTH:
+        with pytest.raises(ValidationError, match="nests deeper"):
+            parse_json_value(text.encode())
+    else:
+        assert parse_json_value(text.encode()) == value
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting():
+    body = {"content": "[" * 200 + "{" * 200, "escaped": "\\\"[[[[" * 50}
+    assert parse_json_body(json.dumps(body).encode()) == body
+
+
+def test_a_string_that_never_closes_is_invalid_json_not_too_deep():
+    with pytest.raises(ValidationError, match="not valid JSON"):
+        parse_json_value(b'{"a": "' + b"[" * 100)
+
+
+@pytest.mark.parametrize("written", [
+    '"bell \\u0007"',      # an escape
+    '"cr \\r"',            # a short escape
+    '"bidi \u202e"',       # the character itself
+    '"del \x7f"',          # the character itself (DEL is legal raw JSON)
+])
+@pytest.mark.parametrize("where", ["value", "key", "nested"])
+def test_a_forbidden_character_is_refused_however_it_is_written(written, where):
+    text = {"value": '{"content": %s}', "key": '{%s: 1}', "nested": '{"a": [{"b": [%s]}]}'}[where] % written
+    with pytest.raises(ValidationError, match="is not allowed"):
+        parse_json_body(text.encode())
+
+
+def test_plain_text_with_escaped_quotes_and_line_feeds_is_accepted():
+    body = {"content": 'she said "yes"\nand left\t(ok)', "path": "C:\\tmp"}
+    assert parse_json_body(json.dumps(body).encode()) == body
