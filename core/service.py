@@ -236,7 +236,7 @@ class Service:
             with self._guard:
                 self._pending.discard(org_id)  # from here a write needs a rebuild of its own
                 if self.begun is not None:
-                    self.begun.value += 1  # ... and its server asks again (schedule_rebuild)
+                    self.begun.increment()  # ... and its server asks again (schedule_rebuild)
             started = time.monotonic()
             try:
                 self.rebuild(org_id)

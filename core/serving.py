@@ -37,6 +37,7 @@ import time
 from core.config import Settings
 
 SERVE_DIR_PREFIX = "serve-"
+BEGUN_LOCK = ".rebuilds-begun.lock"  # beside the servers' cache directories
 
 
 @dataclasses.dataclass
@@ -141,10 +142,14 @@ def supervise(service) -> Shared:
     """Make ``service`` (built with ``auto_rebuild``, serving nothing) the
     supervisor: its publishes ring the bell, its scheduled rebuilds move
     ``begun``, and it reads ``written`` (core.service)."""
+    from core.rebuild.host import BegunCount
+
     spawn = multiprocessing.get_context("spawn")
-    # begun has its lock: a server that reads the old count reads it before
-    # the rebuild that moves it lists the ledger. The others are hints.
-    shared = Shared(bell=spawn.RawValue("Q", 0), begun=spawn.Value("Q", 0), written=spawn.RawValue("Q", 0))
+    # begun is read and moved under a lock (BegunCount says why); the bell
+    # and written are hints, read without one
+    os.makedirs(service.settings.cache_dir, exist_ok=True)
+    begun = BegunCount(spawn.RawValue("Q", 0), os.path.join(service.settings.cache_dir, BEGUN_LOCK))
+    shared = Shared(bell=spawn.RawValue("Q", 0), begun=begun, written=spawn.RawValue("Q", 0))
     ringing = threading.Lock()  # rebuilds of two organizations may publish at once
 
     def ring(result) -> None:

@@ -175,6 +175,36 @@ def test_every_write_of_a_burst_is_in_the_generation_served_once_the_writes_paus
     assert supervisor.begun.value >= 1 and bell.value >= 1
 
 
+def test_a_server_killed_while_it_holds_the_count_does_not_stall_the_rebuilds(tmp_path):
+    """The count of rebuilds begun is read under an flock: while a server
+    holds it the supervisor waits, and when that server is killed outright
+    the kernel drops it, so the next rebuild begins."""
+    import subprocess
+    import sys
+    import threading
+
+    from core.serving import BEGUN_LOCK
+
+    supervisor = Service(_settings(tmp_path), auto_rebuild=True, serves=False)
+    shared = supervise(supervisor)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time\n"
+         "fd = os.open(sys.argv[1], os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_SH)\nprint('held', flush=True)\n"
+         "time.sleep(600)", os.path.join(supervisor.settings.cache_dir, BEGUN_LOCK)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        moved = threading.Event()
+        threading.Thread(target=lambda: (shared.begun.increment(), moved.set()), daemon=True).start()
+        assert not moved.wait(0.5)  # the server's read is in progress: the count does not move under it
+        holder.kill()
+        holder.wait(30)
+        assert moved.wait(30) and shared.begun.value == 1
+    finally:
+        holder.kill()
+        holder.wait(30)
+
+
 class _Clock:
     """core.service's clock in a test: sleeping advances it, and each sleep
     may count writes (``writes_per_sleep``)."""

@@ -31,7 +31,9 @@ key the supervisor hands its servers at spawn.
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import threading
 from multiprocessing.managers import BaseManager
 
@@ -78,6 +80,53 @@ def host(service) -> tuple[tuple[str, int], bytes]:
     server = channel(address=("127.0.0.1", 0), authkey=authkey).get_server()
     threading.Thread(target=server.serve_forever, name="titen-rebuild-host", daemon=True).start()
     return server.address, authkey
+
+
+class BegunCount:
+    """The supervisor's count of scheduled rebuilds begun, in shared memory,
+    read by every server on every write (``RebuildClient``).
+
+    Read and moved under an ``flock`` on a file beside the caches: the lock
+    orders a server's stored write before its read of the count, and the
+    supervisor's move before its listing of the ledger, on any CPU. The
+    kernel drops an ``flock`` when its holder dies; a multiprocessing lock
+    held by a server killed mid-read would stall every rebuild for good."""
+
+    def __init__(self, raw, lock_path: str):
+        self._raw, self._path = raw, lock_path
+        self._fd: int | None = None
+        self._threads = threading.Lock()  # one flock per process: its threads take turns
+        self._descriptor()  # the file exists before any server is spawned
+
+    def __getstate__(self):  # into a spawned server: the shared value and the path, no descriptor
+        return {"raw": self._raw, "lock_path": self._path}
+
+    def __setstate__(self, state):
+        self.__init__(state["raw"], state["lock_path"])
+
+    def _descriptor(self) -> int:
+        if self._fd is None:
+            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        return self._fd
+
+    @property
+    def value(self) -> int:
+        with self._threads:
+            fd = self._descriptor()
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                return self._raw.value
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def increment(self) -> None:
+        with self._threads:
+            fd = self._descriptor()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                self._raw.value += 1
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 class RebuildClient:
