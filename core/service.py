@@ -221,7 +221,7 @@ class Service:
         needs no request of its own (``core.rebuild.host.RebuildClient``)."""
         with self._guard:
             self.written.value += 1
-            begun = self.begun.value if self.begun is not None else 0
+            begun = self.begun.current() if self.begun is not None else 0
             if org_id in self._pending:
                 return begun
             self._pending.add(org_id)
@@ -235,8 +235,19 @@ class Service:
         with self._rebuild_lock(org_id):  # behind a rebuild still running
             with self._guard:
                 self._pending.discard(org_id)  # from here a write needs a rebuild of its own
-                if self.begun is not None:
-                    self.begun.increment()  # ... and its server asks again (schedule_rebuild)
+            # ... and its server asks again. Moved outside the guard: a server
+            # holding the count's lock for long must not stall every request
+            # (a request landing in between answers the old count, and the
+            # move makes its server ask again). Moved before the ledger is listed.
+            if self.begun is not None:
+                try:
+                    self.begun.increment()
+                except OSError:  # unmoved, servers would skip this org's writes: pending again
+                    logging.getLogger("titen").exception("moving the rebuilds-begun count failed")
+                    with self._guard:
+                        self._pending.discard(org_id)
+                    self.schedule_rebuild(org_id)
+                    return
             started = time.monotonic()
             try:
                 self.rebuild(org_id)

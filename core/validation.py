@@ -86,22 +86,21 @@ def _reject_constant(name: str):
     raise ValidationError(f"request body is not valid JSON: {name} is not a JSON number")
 
 
-# a JSON string, escapes included (the unrolled form: no backtracking)
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# a JSON string, escapes included (the unrolled form: no backtracking); a
+# string that never closes runs to the end of the text, in one pass (a
+# required closing quote made every later quote retry to the end: quadratic)
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
 
 
 def _check_depth(text: str) -> None:
     # Count brackets outside strings before parsing, so a deeply nested body
     # is refused without recursing through it. Fewer brackets than the
     # limit, strings included, cannot nest deeper: no scan. Otherwise the
-    # strings are cut out first (in C), and a quote left over opens one that
-    # never closes: nothing after it counts, as it would not for the parser.
+    # strings are cut out first (in C); one that never closes takes the rest
+    # of the text with it, so nothing after it counts, as for the parser.
     if text.count("[") + text.count("{") <= MAX_DEPTH:
         return
     outside = _STRING.sub("", text)
-    unclosed = outside.find('"')
-    if unclosed >= 0:
-        outside = outside[:unclosed]
     depth = 0
     for c in _BRACKETS.findall(outside):
         if c in "[{":

@@ -71,3 +71,13 @@ def test_a_forbidden_character_is_refused_however_it_is_written(written, where):
 def test_plain_text_with_escaped_quotes_and_line_feeds_is_accepted():
     body = {"content": 'she said "yes"\nand left\t(ok)', "path": "C:\\tmp"}
     assert parse_json_body(json.dumps(body).encode()) == body
+
+
+def test_a_long_unclosed_string_after_many_brackets_is_refused_in_one_pass():
+    """300 KB of escaped quotes inside a string that never closes: each one
+    used to restart the string match to the end of the text (quadratic,
+    minutes for a 1 MiB body); it is now one scan."""
+    with pytest.raises(ValidationError, match="nests deeper"):
+        parse_json_value(("{" * 65 + '"' + '\\"' * 150_000).encode())
+    with pytest.raises(ValidationError, match="not valid JSON"):
+        parse_json_value(("[" * 10 + '{"a": "' + "[" * 70 + '\\"' * 150_000).encode())

@@ -119,6 +119,10 @@ class BegunCount:
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
 
+    def current(self) -> int:
+        """The count as its only writer (the supervisor) reads it: no lock."""
+        return self._raw.value
+
     def increment(self) -> None:
         with self._threads:
             fd = self._descriptor()

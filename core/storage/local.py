@@ -218,6 +218,11 @@ class LocalStore(Store):
                 except FileNotFoundError:  # no /proc: a temporary name after all
                     _UNNAMED = False
                     return False
+                # the inode's link count rose with the link: without a
+                # journal only its own fsync puts that on disk (the
+                # directory's does not), and an entry naming an inode that
+                # counts no link is lost at the next crash
+                os.fsync(fd)
                 os.fsync(dir_fd)
             finally:
                 os.close(dir_fd)
