@@ -244,8 +244,6 @@ class Service:
                     self.begun.increment()
                 except OSError:  # unmoved, servers would skip this org's writes: pending again
                     logging.getLogger("titen").exception("moving the rebuilds-begun count failed")
-                    with self._guard:
-                        self._pending.discard(org_id)
                     self.schedule_rebuild(org_id)
                     return
             started = time.monotonic()

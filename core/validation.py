@@ -90,6 +90,7 @@ def _reject_constant(name: str):
 # string that never closes runs to the end of the text, in one pass (a
 # required closing quote made every later quote retry to the end: quadratic)
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
+_BRACKETS = re.compile(r"[\[\]{}]")
 
 
 def _check_depth(text: str) -> None:
@@ -109,9 +110,6 @@ def _check_depth(text: str) -> None:
                 raise ValidationError(f"request body nests deeper than {MAX_DEPTH} levels")
         else:
             depth -= 1
-
-
-_BRACKETS = re.compile(r"[\[\]{}]")
 
 
 def check_strings(value: Any, path: str) -> None:

@@ -9,8 +9,8 @@ compile's run) writes an unnamed ``O_TMPFILE`` inode and links it by its
 descriptor where the platform has one: no name is created and unlinked per
 write. On ext4 without a journal each unlinked temporary made the next
 inode allocations scan past it (``recently_deleted``), measured at ~15% of
-a server's CPU under a 4-client write load. Compare-and-swap and delete serialize on an advisory lock
-(``fcntl.flock``), which also holds between processes sharing the directory,
+a server's CPU under a 4-client write load. Compare-and-swap and delete
+serialize on an advisory lock (``fcntl.flock``), which also holds between processes sharing the directory,
 so ``titen keys create`` and ``titen serve`` can share one store.
 """
 
@@ -43,6 +43,12 @@ _LOCK_NAME = ".lock"
 # than MD5 here (SHA extensions), which counts on a 500 MB snapshot upload
 def _etag(body: bytes) -> str:
     return '"' + hashlib.sha256(body).hexdigest() + '"'
+
+
+def _write_all(fd: int, body: bytes) -> None:
+    view = memoryview(body)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _file_etag(path: str) -> str:
@@ -103,9 +109,7 @@ class LocalStore(Store):
             os.makedirs(os.path.dirname(tmp), exist_ok=True)
             fd = os.open(tmp, flags, 0o644)
         try:
-            view = memoryview(body)
-            while view:
-                view = view[os.write(fd, view):]
+            _write_all(fd, body)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -205,9 +209,7 @@ class LocalStore(Store):
                 return False
             raise
         try:
-            view = memoryview(body)
-            while view:
-                view = view[os.write(fd, view):]
+            _write_all(fd, body)
             os.fsync(fd)
             dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
