@@ -76,6 +76,38 @@ def test_equal_scores_break_by_reported_relevance_before_claim_id():
     assert (second.claim_id, second.components["relevance"]) == ("claim_a", 0.5)
 
 
+@pytest.mark.parametrize("keyword_match_similarity,neighbour_bm25,first", [
+    (0.9, -1.0, "claim_keyword"),    # the keyword match is also near: it agrees more (0.9 > 0.25)
+    (None, -1.0, "claim_neighbour"),  # the keyword match is no neighbour; the neighbour matched a word (0.25)
+    (0.1, -2.0, "claim_neighbour"),  # 0.5 lexical agreement beats 0.1 semantic
+    (0.6, None, "claim_keyword"),    # the neighbour has no keyword at all: agreement 0
+])
+def test_a_tie_at_full_relevance_goes_to_the_claim_both_indexes_found(keyword_match_similarity, neighbour_bm25,
+                                                                       first):
+    # the best keyword match (lexical 1) and a neighbour at its calibrated
+    # ceiling (semantic 1) score the same; claim ids would favour claim_keyword
+    keyword = _input("claim_keyword", -4.0, similarity=keyword_match_similarity)
+    neighbour = _input("claim_neighbour", neighbour_bm25, similarity=1.0)
+    ranked = rank([neighbour, keyword], at_s=0.0)
+    assert ranked[0].score == ranked[1].score
+    assert ranked[0].components["relevance"] == ranked[1].components["relevance"] == 1.0
+    assert ranked[0].claim_id == first
+
+
+def test_agreement_never_outranks_a_higher_score():
+    # the neighbour agrees more but scores less: the score decides, not agreement
+    keyword = _input("claim_z", -4.0, similarity=None)
+    neighbour = _input("claim_a", -3.0, similarity=0.99)
+    assert [r.claim_id for r in rank([neighbour, keyword], at_s=0.0)] == ["claim_z", "claim_a"]
+
+
+def test_without_vectors_ties_go_from_relevance_to_claim_id():
+    # no similarity anywhere: agreement is 0 for every candidate
+    ranked = rank([_input("claim_2", -3.0), _input("claim_1", -3.0), _input("claim_0", -1.0)], at_s=0.0)
+    assert [r.claim_id for r in ranked] == ["claim_1", "claim_2", "claim_0"]
+    assert {r.agreement for r in ranked} == {0.0}
+
+
 def test_signals_that_no_request_changes_are_the_documented_components():
     signals = ClaimSignals.of("claim_1", 0.9, trust_level=2, created_s=0.0, feedback_total=4, feedback_positive=3,
                               feedback_negative=1)

@@ -14,8 +14,14 @@ Pure, no I/O. Each component is in [0, 1]:
 | conflict  | 0.10 | 1 when the claim is disputed |
 
 score = round(confidence × Σ weight × component, 6); components are reported
-rounded to 6 decimals. Ties break by relevance, then claim id, so a ranking
-never depends on row order.
+rounded to 6 decimals. Ties break by relevance, then by *agreement* — the
+smaller of a candidate's lexical and semantic relevance, so that of two
+claims scoring the same the one both indexes found comes first — then by
+claim id, so a ranking never depends on row order. Without vectors every
+agreement is 0 and ties go from relevance straight to claim id. (The
+agreement tie-break is what lets a semantic neighbour at its calibrated
+ceiling tie the best keyword match without turning the tie into a coin toss:
+measured in docs/vectors.md §3.)
 
 A claim's trust and utility (and confidence) are the same for every request
 on a snapshot generation: ``ClaimSignals`` holds them, computed once, so the
@@ -79,12 +85,14 @@ class Ranked:
     are rounded on first use. Of ~200 ranked candidates the packer prices
     about a dozen and sends a handful, and round() on every score and
     component was a fifth of compile."""
-    __slots__ = ("signals", "weighted", "relevance", "recency", "conflict", "_score", "_components")
+    __slots__ = ("signals", "weighted", "relevance", "agreement", "recency", "conflict", "_score", "_components")
 
-    def __init__(self, signals: ClaimSignals, weighted: float, relevance: float, recency: float, conflict: float):
+    def __init__(self, signals: ClaimSignals, weighted: float, relevance: float, recency: float, conflict: float,
+                 agreement: float = 0.0):
         self.signals = signals
         self.weighted = weighted  # confidence × Σ weight × component, unrounded
         self.relevance = relevance
+        self.agreement = agreement  # min(lexical, semantic relevance): a tie-break only, never scored
         self.recency = recency
         self.conflict = conflict
         self._score = None
@@ -132,20 +140,28 @@ def trust(level: int) -> float:
 def relevances(candidates: list[RankInput]) -> list[float]:
     """Lexical strengths rescaled to the best one; the semantic relevance as
     calibrated (absolute: a weak nearest neighbour stays weak); larger wins."""
+    return [relevance for relevance, _ in relevance_pairs(candidates)]
+
+
+def relevance_pairs(candidates: list[RankInput]) -> list[tuple[float, float]]:
+    """Per candidate (relevance, agreement): relevance is the larger of the
+    lexical and the semantic part, agreement the smaller (the tie-break)."""
     strengths = [(-c.bm25 if c.bm25 is not None else 0.0) for c in candidates]
     best = max(strengths, default=0.0)
     if not any(c.similarity is not None for c in candidates):
         # lexical only (no vector capability): the semantic side is 0 for every
-        # candidate, so max(lexical, 0.0) is the lexical part floored at 0
+        # candidate, so max(lexical, 0.0) is the lexical part floored at 0, and
+        # min(lexical, 0.0) — the agreement — is 0
         if best > 0:
-            return [(s / best if s >= 0 else 0.0) if c.bm25 is not None else 0.0
+            return [((s / best if s >= 0 else 0.0) if c.bm25 is not None else 0.0, 0.0)
                     for c, s in zip(candidates, strengths)]
-        return [(1.0 if c.bm25 is not None else 0.0) for c in candidates]
+        return [(1.0 if c.bm25 is not None else 0.0, 0.0) for c in candidates]
     out = []
     for c, s in zip(candidates, strengths):
         lexical = (s / best if best > 0 else 1.0) if c.bm25 is not None else 0.0
+        lexical = max(lexical, 0.0)
         semantic = min(max(c.similarity, 0.0), 1.0) if c.similarity is not None else 0.0
-        out.append(max(lexical, semantic))
+        out.append((lexical, semantic) if lexical >= semantic else (semantic, lexical))
     return out
 
 
@@ -158,7 +174,7 @@ def rank(candidates: list[RankInput], at_s: float) -> list[Ranked]:
     floor = math.floor
     ranked = []
     append = ranked.append
-    for c, rel in zip(candidates, relevances(candidates)):
+    for c, (rel, agreement) in zip(candidates, relevance_pairs(candidates)):
         s = c.signals
         days = floor((at_s - s.created_s) / 86400)  # recency()'s own day count: one key, one value
         rec = remembered(days)
@@ -166,7 +182,7 @@ def rank(candidates: list[RankInput], at_s: float) -> list[Ranked]:
             rec = by_day[days] = recency(s.created_s, at_s)
         conf = 1.0 if c.disputed else 0.0
         raw = _W_REL * rel + s.weighted_trust + _W_REC * rec + s.weighted_utility + _W_CONF * conf
-        append(Ranked(s, raw * s.confidence, rel, rec, conf))
+        append(Ranked(s, raw * s.confidence, rel, rec, conf, agreement))
     return in_rank_order(ranked)
 
 
@@ -177,7 +193,8 @@ _DISTINCT = 2e-6
 
 def in_rank_order(ranked: list[Ranked]) -> list[Ranked]:
     """Sorted by reported (rounded) score, ties by reported relevance, then
-    claim id — so a ranking never depends on row order.
+    agreement (rounded alike), then claim id — so a ranking never depends on
+    row order.
 
     Rounding is monotone, so sorting by the unrounded score already orders
     any two candidates whose rounded scores differ. Only a cluster of
@@ -199,5 +216,5 @@ def in_rank_order(ranked: list[Ranked]) -> list[Ranked]:
 _weighted = attrgetter("weighted")
 
 
-def _full_key(r: Ranked) -> tuple[float, float, str]:
-    return -r.score, -round(r.relevance, 6), r.claim_id
+def _full_key(r: Ranked) -> tuple[float, float, float, str]:
+    return -r.score, -round(r.relevance, 6), -round(r.agreement, 6), r.claim_id
