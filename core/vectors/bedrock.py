@@ -15,11 +15,12 @@ from core.vectors.embedder import EmbedderError, Fingerprint, prepare
 TITAN_V2 = "amazon.titan-embed-text-v2:0"
 TITAN_DIMENSIONS = (256, 512, 1024)
 MAX_INPUT_CHARS = 50_000  # the model's limit on inputText
-# Not yet measured on the calibration set (that needs Bedrock access): MiniLM's
-# shape (cap below 1: a neighbour never ties the best keyword match) with a
-# guessed floor and ceiling, until `bench.calibration_eval --sweep --embedder
-# bedrock:...` measures them (docs/vectors.md); TITEN_EMBED_CALIBRATION sets
-# the measured values without a release.
+# Not yet measured on the calibration set (that needs Bedrock access): a
+# guessed floor and ceiling with the cap below 1, so a neighbour never ties
+# (and so never displaces) the best keyword match whatever the guess is
+# worth; `bench.calibration_eval --sweep --embedder bedrock:...` measures
+# them (docs/vectors.md) and TITEN_EMBED_CALIBRATION sets the measured
+# values without a release.
 CALIBRATION = Calibration(floor=0.25, ceiling=0.6, knn=10, cap=0.99, basis="provisional: not measured for Titan")
 
 

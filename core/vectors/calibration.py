@@ -10,16 +10,16 @@ real questions and answers (``bench.calibration_eval --sweep``,
 docs/vectors.md):
 
 - ``floor``: a neighbour below it never enters ranking (relevance 0);
-- ``ceiling``: at or above it, semantic relevance is 1, as the best keyword
-  match's lexical relevance is;
-- between them relevance rises linearly, so the midpoint scores 0.5;
+- ``ceiling``: at or above it, semantic relevance is ``cap``;
+- between them relevance rises linearly, so the midpoint scores ``cap / 2``;
 - ``knn``: at most this many nearest neighbours are asked of the index;
-- ``cap``: the most a neighbour can score, reached at the ceiling. Below 1,
-  a semantic hit never ties the best keyword match (whose lexical relevance
-  is 1 by the ranking's rule) and can only rise above weaker lexical
-  matches: the measured choice (docs/vectors.md), since on real text a
-  cosine at any height was no better a sign of the answer than the best
-  BM25 match, and every tie it won cost more rank-1 answers than it gained.
+- ``cap``: the most a neighbour can score, reached at the ceiling. At 1 a
+  neighbour at the ceiling ties the best keyword match (whose lexical
+  relevance is 1 by the ranking's rule), and the tie goes to the claim with
+  the stronger other signal (``core.compile.ranking``: agreement): the
+  measured choice for MiniLM (docs/vectors.md §3). Below 1 a neighbour only
+  ever rises above weaker keyword matches: the safe shape for a model not
+  yet measured (Bedrock's provisional calibration).
 
 It is part of the embedder's ``Fingerprint`` but not of its ``key()``: the
 vectors stay valid when the calibration changes, so nothing is re-embedded;

