@@ -152,6 +152,16 @@ def passes(f: dict) -> bool:
             and f["paraphrase_rescue"] >= 30 and f["lexical_rank1_loss"] <= 2)
 
 
+def best(rows: list[dict]) -> dict:
+    """The rule a calibration is chosen by (docs/vectors.md §3): among rows
+    losing at most 2% of lexical's rank-1 answers, the highest MRR@10 to a
+    tenth of a point; then the highest rescue; then the lowest loss; then
+    the smaller knn."""
+    allowed = [r for r in rows if r["lexical_rank1_loss"] <= 2]
+    return max(allowed, key=lambda r: (round(r["hybrid_mrr10"] - r["lexical_mrr10"], 1), r["paraphrase_rescue"],
+                                       -r["lexical_rank1_loss"], -r["knn"]))
+
+
 def end_to_end(service, principal, pairs, golds) -> tuple[list, list]:
     """(lexical ranks, hybrid ranks) through compile's own steps."""
     from core.compile.catalog import catalog_for
@@ -252,7 +262,11 @@ def main(argv=None) -> int:
                   f"{r['lexical_mrr10']:.1f}", f"{r['hybrid_mrr10']:.1f}", f"{r['paraphrase_rescue']:.1f}",
                   f"{r['lexical_rank1_loss']:.1f}", "yes" if passes(r) else "") for r in rows]
         common.print_table(head, table)
-        result = {"bench": "calibration_sweep", "embedder": args.embedder, "rows": rows}
+        chosen = best(rows)
+        print(f"chosen by the rule (docs/vectors.md §3): floor {chosen['floor']}, ceiling {chosen['ceiling']}, "
+              f"cap {chosen['cap']}, knn {chosen['knn']}  (TITEN_EMBED_CALIBRATION={chosen['floor']},"
+              f"{chosen['ceiling']},{chosen['knn']},{chosen['cap']})")
+        result = {"bench": "calibration_sweep", "embedder": args.embedder, "rows": rows, "chosen": chosen}
     else:
         lexical, hybrid = end_to_end(service, principal, pairs, golds)
         f = figures(lexical, hybrid, paraphrases(snapshot, pairs))

@@ -99,12 +99,6 @@ def latency(embedder, queries: list[str]) -> dict:
     return common.summary_ms(samples)
 
 
-def best(rows: list[dict]) -> dict:
-    allowed = [r for r in rows if r["lexical_rank1_loss"] <= 2]
-    return max(allowed, key=lambda r: (round(r["hybrid_mrr10"] - r["lexical_mrr10"], 1), r["paraphrase_rescue"],
-                                       -r["knn"]))
-
-
 def main() -> int:
     from core.vectors.minilm import LocalOnnxEmbedder
 
@@ -116,7 +110,7 @@ def main() -> int:
     service, principal, seconds = ev.build_store(pairs, "static:minilm-distilled", embedder=static)
     common.log(f"static: 3000 claims embedded by the rebuild in {seconds:.1f} s")
     golds = ev.gold_rowids(service.reader.current(ev.ORG), pairs)
-    chosen = best(ev.sweep(service, principal, pairs, golds, static))
+    chosen = ev.best(ev.sweep(service, principal, pairs, golds, static))
     head = ("model", "query embed p50 ms", "p95 ms", "p99 ms", "best: floor", "ceiling", "cap", "knn",
             "rank-1", "MRR@10", "rescue %", "loss %")
     rows = [("static (distilled)", f"{lat['static']['p50_ms']:.3f}", f"{lat['static']['p95_ms']:.3f}",

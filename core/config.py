@@ -12,6 +12,7 @@
 | TITEN_EMBEDDER | unset | vector capability; unset means disabled (see core.vectors) |
 | TITEN_EMBED_TIMEOUT_MS | 2000 | how long compile waits for the task's embedding before going lexical |
 | TITEN_EMBED_CALIBRATION | unset | floor,ceiling,knn[,cap]: overrides the embedder's shipped calibration (docs/vectors.md) |
+| TITEN_MODEL_CACHE | $XDG_CACHE_HOME/titen or ~/.cache/titen | where the local embedder keeps the int8 model it derives (read by core.vectors.minilm) |
 | TITEN_REBUILD_FUNCTION | unset | on Lambda: the rebuild function POST /v1/admin/rebuild invokes |
 | TITEN_BODY_TIMEOUT | 10 | seconds for a request body to arrive before a 408 |
 | TITEN_REBUILD_QUEUE_URL | unset | on Lambda: the SQS FIFO queue a write asks its rebuild on (core.rebuild.queue) |

@@ -435,6 +435,31 @@ def test_a_build_without_the_embedder_marks_the_carried_index_stale(tmp_path):
     assert len(items) == 2
 
 
+def test_a_model_starts_loading_when_the_service_starts_not_in_the_first_compile(tmp_path):
+    import threading
+
+    class Loading(Counting):
+        def __init__(self, inner, fail=False):
+            super().__init__(inner)
+            self.loaded = threading.Event()
+            self.fail = fail
+
+        def load(self):
+            self.loaded.set()
+            if self.fail:
+                raise RuntimeError("model file missing")
+
+    embedder = Loading(HashEmbedder(64))
+    make_api(tmp_path / "a", embedder)
+    assert embedder.loaded.wait(10)  # no compile, no rebuild asked for it
+    failing = Loading(HashEmbedder(64), fail=True)
+    api = make_api(tmp_path / "b", failing)  # a failed load never stops the service
+    assert failing.loaded.wait(10)
+    key = api.key()
+    api.observe(key, **claim("Rama prefers dark mode in every editor."))
+    assert api.compile(key, "dark mode", at=AT).status_code == 200
+
+
 # -- the real local model -------------------------------------------------------
 
 def test_local_minilm_finds_a_paraphrase(tmp_path):

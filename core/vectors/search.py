@@ -9,18 +9,21 @@ The KNN runs in two passes. First the ``SHORTLIST`` × ``knn`` nearest by
 Hamming distance between sign bits, among the claims the caller may read in
 its subject and project (``core.vectors.signs``: in numpy, over bits read
 once per generation from the ``coarse`` column of the ``vec0`` index); then
-the exact cosine of each, from the embedding cache (a B-tree lookup by
-statement hash: a vec0 lookup by rowid reads a whole 1024-vector chunk); the
+the exact cosine of each, from the embedding cache (read by the cache's
+rowid, held with the bits: a vec0 lookup by rowid reads a whole 1024-vector
+chunk); the
 ``knn`` best by cosine are the hits. Cosines stay exact, so the calibration
 applies as measured; a neighbour whose sign bits are far while its cosine is
-near can be missed (recall of the 10 nearest with a 500-claim shortlist:
-0.98 at 10k claims, 0.94 at 50k; docs/vectors.md §5).
+near can be missed (recall of the 20 nearest with a 1,000-claim shortlist:
+0.99 at 10k claims, 0.96 at 50k; docs/vectors.md §5).
 Ids are then hydrated through the same scoped query as lexical ones
 (``core.compile.retrieval``), so visibility, status and validity apply again.
 """
 
 from __future__ import annotations
 
+import logging
+from array import array
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -32,6 +35,13 @@ from core.vectors.index import INDEX_LAYOUT, coarse_input, pack_vector, scope_ke
 from core.vectors.signs import SignCache
 
 SHORTLIST = 50  # the first pass keeps this many times ``knn`` claims for the exact pass
+
+
+def _warm(load) -> None:
+    try:
+        load()
+    except Exception as exc:  # the first compile meets it again and answers lexically
+        logging.getLogger("titen").warning("loading the embedder failed: %s: %s", type(exc).__name__, exc)
 
 
 def reader_tags(principal) -> list[str]:
@@ -48,6 +58,11 @@ class VectorSearch:
         self.timeout_s = timeout_s
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="embed")
         self._signs = SignCache()
+        load = getattr(embedder, "load", None)
+        if load is not None:
+            # a local model loads (and, once per machine, is derived: seconds)
+            # while the service starts, not inside the first compile's timeout
+            self._pool.submit(_warm, load)
 
     def problem(self, snapshot) -> str | None:
         """Why this snapshot's vectors cannot serve this embedder, or None."""
@@ -114,18 +129,19 @@ class VectorSearch:
         knn = self.fingerprint.calibration.knn
         blob = pack_vector(vector)
         db = snapshot.db
-        signs = self._signs.subject(snapshot, db, subject_key(scope.principal.org_id, scope.subject_id))
+        key = self.fingerprint.key()
+        signs = self._signs.subject(snapshot, db, subject_key(scope.principal.org_id, scope.subject_id), key)
         code = db.execute("SELECT vec_quantize_binary(?)", (coarse_input(blob),)).fetchone()[0]  # the index's bits
         shortlist = signs.shortlist(code, SHORTLIST * knn, readers,
                                     scope_key(scope.project_id) if scope.project_id is not None else None)
         if not shortlist:
             return []
-        key = self.fingerprint.key()
-        cached = dict(db.execute("SELECT text_sha256, vector FROM embed_cache WHERE fingerprint = ? AND text_sha256"
-                                 " IN carray(?)", (key, apsw.carray(tuple({sha for _, sha in shortlist})))))
+        wanted = sorted({at for _, at in shortlist if at >= 0})  # in rowid order: one pass down the table
+        cached = dict(db.execute("SELECT rowid, vector FROM embed_cache WHERE rowid IN carray(?)",
+                                 (apsw.carray(array("q", wanted)),))) if wanted else {}
         stored = []
-        for rowid, sha in shortlist:
-            found = cached.get(sha)
+        for rowid, at in shortlist:
+            found = cached.get(at)
             if found is None:  # never so after a sync; the index's own copy, slower
                 found = db.execute("SELECT embedding FROM claims_vec WHERE rowid = ?", (rowid,)).fetchone()[0]
             stored.append(found)

@@ -4,11 +4,13 @@ sqlite-vec's PyPI build scans without SIMD and keeps its top k at a cost
 that grows with k: on 50k claims the float KNN (k 10) took 37–55 ms and a
 bit KNN wide enough to re-score (k 500) 64 ms. The bits themselves are
 small (48 bytes a claim for 384 dimensions), so a generation reads each
-subject's once from ``claims_vec``, with the hash of each statement (the
-embedding cache's key, for the exact pass) — 0.07 s at 10k claims, 0.33–0.39
-s at 50k, on the first semantic compile of that subject on that generation;
-a generation never changes — and compares them with the
-task's in numpy: XOR, popcount, a partial sort — a few milliseconds at 50k.
+subject's once from ``claims_vec``, with the embedding cache's rowid of each
+statement's vector (so the exact pass reads each by rowid: one B-tree
+descent, in rowid order, where a lookup by statement hash took two and
+twice the time) — 0.07 s at 10k claims, about 0.4 s at 50k, on the first
+semantic compile of that subject on that generation; a generation never
+changes — and compares them with the task's in numpy: XOR, popcount, a
+partial sort — a few milliseconds at 50k.
 
 Held like ``core.compile.catalog``: per ``Snapshot`` object, weakly, so a
 retired generation's bits go with it; bounded by the snapshot's own claim
@@ -31,12 +33,12 @@ from core.vectors.embedder import text_digest
 class SubjectSigns:
     """One subject's claims on one generation: rowids, scope keys and sign bits."""
 
-    def __init__(self, rows: list[tuple], digests: bytes):
-        """``rows``: (rowid, project_key, reader_key, coarse); ``digests``: the
-        32-byte sha256 of each row's prepared statement, in the same order —
-        the embedding cache's key, so the exact pass hashes nothing per task."""
+    def __init__(self, rows: list[tuple], cached: list[int]):
+        """``rows``: (rowid, project_key, reader_key, coarse); ``cached``: the
+        embedding cache's rowid of each row's vector, in the same order (-1
+        when the cache has none)."""
         self.rowids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-        self.digests = np.frombuffer(digests, dtype=np.uint8).reshape(len(rows), 32)
+        self.cached = np.array(cached, dtype=np.int64)
         self.project_keys = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
         self.reader_keys = np.fromiter((r[2] for r in rows), dtype=np.int64, count=len(rows))
         width = len(rows[0][3]) if rows else 8
@@ -46,8 +48,8 @@ class SubjectSigns:
         self.codes = np.frombuffer(b"".join(r[3] for r in rows), dtype=self.word).reshape(len(rows), words)
 
     def shortlist(self, code: bytes, size: int, readers: list[int],
-                  project_key: int | None) -> list[tuple[int, str]]:
-        """(rowid, statement sha256 hex) of the ``size`` claims nearest by
+                  project_key: int | None) -> list[tuple[int, int]]:
+        """(rowid, embedding cache rowid or -1) of the ``size`` claims nearest by
         Hamming distance that the reader keys (and the project, when given)
         admit; ties by rowid."""
         if len(self.rowids) == 0:
@@ -68,7 +70,7 @@ class SubjectSigns:
             keep = np.argpartition(distance, size - 1)[:size]
             index, distance = index[keep], distance[keep]
         chosen = index[np.lexsort((self.rowids[index], distance))]
-        return list(zip(self.rowids[chosen].tolist(), (d.tobytes().hex() for d in self.digests[chosen])))
+        return list(zip(self.rowids[chosen].tolist(), self.cached[chosen].tolist()))
 
 
 class SignCache:
@@ -78,7 +80,7 @@ class SignCache:
         self._by_snapshot: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
-    def subject(self, snapshot, db, subject_key: int) -> SubjectSigns:
+    def subject(self, snapshot, db, subject_key: int, fingerprint_key: str) -> SubjectSigns:
         with self._lock:
             held = self._by_snapshot.setdefault(snapshot, {})
             signs = held.get(subject_key)
@@ -88,8 +90,11 @@ class SignCache:
             statements = dict(db.execute("SELECT rowid, statement FROM claims WHERE rowid IN carray(?)",
                                          (apsw.carray(array("q", [r[0] for r in rows])),))) if rows else {}
             # a row whose claim is gone has no cached vector to find: any digest misses
-            digests = b"".join(text_digest(statements.get(r[0], "")) for r in rows)
-            signs = SubjectSigns(rows, digests)
+            hexes = [text_digest(statements.get(r[0], "")).hex() for r in rows]
+            where = dict(db.execute("SELECT text_sha256, rowid FROM embed_cache WHERE fingerprint = ?"
+                                    " AND text_sha256 IN carray(?)", (fingerprint_key, apsw.carray(tuple(set(hexes))))
+                                    )) if rows else {}
+            signs = SubjectSigns(rows, [where.get(h, -1) for h in hexes])
             with self._lock:
                 held[subject_key] = signs
         return signs
