@@ -66,6 +66,8 @@ class ServerApp:
         settings = dataclasses.replace(self.settings, cache_dir=cache_dir)
         rebuilds = RebuildClient.connect(self.address, self.authkey, self.begun, self.written)
         service = Service(settings, rebuilds=rebuilds, bell=self.bell)
+        if service.vectors is not None:
+            service.vectors.warm()
         for org_id in service.ledger.organizations()[:settings.max_orgs]:
             service.reader.check(org_id)  # fetched and verified before the first request, as at start
         threading.Thread(target=follow_bell, args=(service.reader,), name="titen-bell", daemon=True).start()

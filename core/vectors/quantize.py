@@ -15,7 +15,7 @@ after those nodes are folded:
 Both steps are deterministic for the pinned versions (the result's sha256 is
 pinned in ``core.vectors.minilm`` and checked), take about 2 s, and run once
 per machine: the result is kept in the model cache. They run in a child
-process (``python -m core.vectors.quantize SOURCE TARGET``) so that the
+process (``python -m core.vectors.quantize SOURCE TARGET WORKDIR``) so that the
 serving process never imports ``onnx`` (a dependency of the quantizer only)
 and the quantizer's warnings on the root logger stay out of its logs.
 """
@@ -24,27 +24,27 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 
 
-def derive(source: str, target: str) -> None:
-    """Write the int8 model derived from ``source`` to ``target`` (overwritten)."""
+def derive(source: str, target: str, work: str) -> None:
+    """Write the int8 model derived from ``source`` to ``target``; the folded
+    float model goes to ``work``, a directory the parent owns and removes
+    (a child killed at its timeout cannot clean up after itself)."""
     import onnxruntime as ort
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    with tempfile.TemporaryDirectory(dir=os.path.dirname(target) or ".") as work:
-        folded = os.path.join(work, "folded.onnx")
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        options.optimized_model_filepath = folded
-        ort.InferenceSession(source, sess_options=options, providers=["CPUExecutionProvider"])
-        quantize_dynamic(folded, target, weight_type=QuantType.QInt8, per_channel=True)
+    folded = os.path.join(work, "folded.onnx")
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.optimized_model_filepath = folded
+    ort.InferenceSession(source, sess_options=options, providers=["CPUExecutionProvider"])
+    quantize_dynamic(folded, target, weight_type=QuantType.QInt8, per_channel=True)
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m core.vectors.quantize SOURCE TARGET", file=sys.stderr)
+    if len(argv) != 3:
+        print("usage: python -m core.vectors.quantize SOURCE TARGET WORKDIR", file=sys.stderr)
         return 2
     derive(*argv)
     return 0

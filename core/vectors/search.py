@@ -58,10 +58,14 @@ class VectorSearch:
         self.timeout_s = timeout_s
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="embed")
         self._signs = SignCache()
-        load = getattr(embedder, "load", None)
+
+    def warm(self) -> None:
+        """Start loading a local model in the background. A serving process
+        calls it at start, so the load (and, once per machine, the model's
+        derivation: seconds) is not inside the first compile's timeout; a
+        short CLI command never pays it (the pool's thread is joined at exit)."""
+        load = getattr(self.embedder, "load", None)
         if load is not None:
-            # a local model loads (and, once per machine, is derived: seconds)
-            # while the service starts, not inside the first compile's timeout
             self._pool.submit(_warm, load)
 
     def problem(self, snapshot) -> str | None:

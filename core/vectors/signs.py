@@ -1,7 +1,7 @@
 """The first KNN pass: sign bits of a subject's claim vectors, held per generation.
 
 sqlite-vec's PyPI build scans without SIMD and keeps its top k at a cost
-that grows with k: on 50k claims the float KNN (k 10) took 37–55 ms and a
+that grows with k: on 50k claims the float KNN (k 10) took 28–55 ms and a
 bit KNN wide enough to re-score (k 500) 64 ms. The bits themselves are
 small (48 bytes a claim for 384 dimensions), so a generation reads each
 subject's once from ``claims_vec``, with the embedding cache's rowid of each
