@@ -145,8 +145,8 @@ def check_cross(path: str, queries: int) -> bool:
     here = apsw.Connection(str(local))
     with here:
         lexical.build_lexical_index(here)
-    theirs = dict(((s, t), c) for s, t, c in db.execute("SELECT subject_id, term, contribs FROM lex_postings"))
-    ours = dict(((s, t), c) for s, t, c in here.execute("SELECT subject_id, term, contribs FROM lex_postings"))
+    theirs = {(s, t): (r, tf) for s, t, r, tf in db.execute("SELECT subject_id, term, rowids, tfdl FROM lex_postings")}
+    ours = {(s, t): (r, tf) for s, t, r, tf in here.execute("SELECT subject_id, term, rowids, tfdl FROM lex_postings")}
     differ = sum(1 for key in ours if theirs.get(key) != ours[key])
     here.close()
     local.unlink()
