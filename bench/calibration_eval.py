@@ -128,7 +128,11 @@ def rank_of(ranked_rowids: list[int], gold: int) -> int | None:
         return None
 
 
-def figures(lexical: list[int | None], hybrid: list[int | None], paraphrase: list[bool]) -> dict:
+def figures(lexical: list[int | None], hybrid: list[int | None], paraphrase: list[bool],
+            sources: list[str] | None = None) -> dict:
+    """The four figures; with ``sources`` (each pair's), also per source under
+    ``by_source``: man pages and docstrings differ in how far an answer
+    restates its query (docs/vectors.md §3)."""
     n = len(lexical)
 
     def mrr(ranks):
@@ -144,7 +148,10 @@ def figures(lexical: list[int | None], hybrid: list[int | None], paraphrase: lis
             "lexical_mrr10": 100 * mrr(lexical), "hybrid_mrr10": 100 * mrr(hybrid),
             "paraphrase_missed_by_lexical": len(missed),
             "paraphrase_rescue": 100 * len(rescued) / max(len(missed), 1),
-            "lexical_rank1_loss": 100 * len(lost) / max(len(firsts), 1)}
+            "lexical_rank1_loss": 100 * len(lost) / max(len(firsts), 1),
+            **({"by_source": {source: figures(*([v[i] for i in range(n) if sources[i] == source]
+                                                for v in (lexical, hybrid, paraphrase)))
+                              for source in sorted(set(sources))}} if sources else {})}
 
 
 def passes(f: dict) -> bool:
@@ -269,7 +276,7 @@ def main(argv=None) -> int:
         result = {"bench": "calibration_sweep", "embedder": args.embedder, "rows": rows, "chosen": chosen}
     else:
         lexical, hybrid = end_to_end(service, principal, pairs, golds)
-        f = figures(lexical, hybrid, paraphrases(snapshot, pairs))
+        f = figures(lexical, hybrid, paraphrases(snapshot, pairs), [p["source"] for p in pairs])
         calibration = fp.calibration
         print(f"embedder {args.embedder}  fingerprint {fp.key()}  calibration {calibration.as_dict()}")
         head = ("", "lexical", "hybrid", "delta")
@@ -281,6 +288,11 @@ def main(argv=None) -> int:
                   f"of {f['paraphrase_missed_by_lexical']} missed"),
                  ("lexical-rank-1 loss %", "", f"{f['lexical_rank1_loss']:.1f}", "")]
         common.print_table(head, table)
+        for source, g in f["by_source"].items():
+            print(f"  {source}: {g['queries']} queries, rank-1 {g['lexical_rank1']:.1f} -> {g['hybrid_rank1']:.1f}, "
+                  f"MRR@10 {g['lexical_mrr10']:.1f} -> {g['hybrid_mrr10']:.1f}, paraphrase rescue "
+                  f"{g['paraphrase_rescue']:.1f}% of {g['paraphrase_missed_by_lexical']} missed, "
+                  f"lexical-rank-1 loss {g['lexical_rank1_loss']:.1f}%")
         print(f"queries {f['queries']}, paraphrase queries {f['paraphrase_queries']}; acceptance: "
               f"{'met' if passes(f) else 'NOT met'}")
         result = {"bench": "calibration", "embedder": args.embedder, "calibration": calibration.as_dict(),
