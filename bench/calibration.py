@@ -11,7 +11,8 @@ from its answer:
   the DESCRIPTION section, groff markup stripped, is the answer claim;
 - **Python standard-library docstrings** (this interpreter's modules, their
   public functions, classes and methods): the summary line is the query, the
-  body after it (first paragraphs, doctest lines dropped) the answer claim.
+  body after it (first paragraphs, doctest ``>>>``/``...`` lines dropped, but
+  not their expected output: a known flaw, docs/vectors.md §2) the answer claim.
 
 Answers are cut to at most ``MAX_WORDS`` words at a sentence end where one
 exists. A pair is kept only when its answer is long enough to be a claim,
