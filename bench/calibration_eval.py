@@ -34,6 +34,11 @@ Figures (percent of queries):
 - **lexical-rank-1 loss**: of the queries lexical answers at rank 1, the
   share hybrid no longer does.
 
+After the grid, ``--sweep`` prints the **bound** on rescue: of the
+paraphrases lexical misses, the share whose answer is among the task's k
+nearest claims (k = 1, 10, 20, 50), overall and per source, and the same
+with the task moved toward its nearest claim (``nearest_bound``).
+
 The issue's acceptance: rank-1 and MRR@10 each +2 points over lexical,
 rescue >= 30%, loss <= 2%. Results go to ``bench/results/calibration.json``.
 """
@@ -192,24 +197,57 @@ def end_to_end(service, principal, pairs, golds) -> tuple[list, list]:
     return lexical, hybrid
 
 
-def sweep(service, principal, pairs, golds, embedder, floors=FLOORS, ceilings=CEILINGS, caps=CAPS,
-          knns=KNNS) -> list[dict]:
-    """Every (floor, ceiling, cap, knn) ranked by ``rank`` on the same candidates."""
-    from core.compile.planning import plan_query
-    from core.compile.ranking import ClaimSignals, RankInput, rank
-    from core.compile.retrieval import CompileScope, lexical_candidates
-    from core.vectors.calibration import Calibration
+def vector_space(service, pairs, embedder) -> tuple:
+    """(claim rowids, claim vectors, task vectors, task x claim cosines): the
+    snapshot's own vectors, every task embedded once, cosines exact."""
     from core.vectors.index import unpack_vector
 
-    snapshot = service.reader.current(ORG)
-    scope = CompileScope(principal, SUBJECT, None, AT)
-    rows = list(snapshot.db.execute("SELECT rowid, embedding FROM claims_vec ORDER BY rowid"))
+    rows = list(service.reader.current(ORG).db.execute("SELECT rowid, embedding FROM claims_vec ORDER BY rowid"))
     rowids = np.array([r for r, _ in rows])
     matrix = np.array([unpack_vector(v) for _, v in rows], dtype=np.float32)
     started = time.perf_counter()
     queries = np.array(embedder.embed([p["query"] for p in pairs]), dtype=np.float32)
     common.log(f"embedded {len(pairs)} queries in {time.perf_counter() - started:.1f} s")
-    cosines = queries @ matrix.T
+    return rowids, matrix, queries, queries @ matrix.T
+
+
+BOUND_KS = (1, 10, 20, 50)
+
+
+def nearest_bound(space, golds: list[int], missed: list[int], expand: float = 0.0) -> dict:
+    """Of the ``missed`` tasks (paraphrases lexical misses entirely), the
+    percentage whose answer is among the task's k nearest claims, per k in
+    ``BOUND_KS``. A paraphrase is rescued only if its answer ranks in the top
+    10, which needs it among the 10 nearest: no floor, ceiling, cap or knn can
+    rescue more than the k=10 figure. With ``expand``, the task vector is
+    first moved toward its nearest claim (``q + expand * nearest``,
+    normalized; Rocchio-style feedback): the probe of docs/vectors.md §3."""
+    rowids, matrix, queries, cosines = space
+    position = {int(r): i for i, r in enumerate(rowids)}
+    index = np.array(missed, dtype=int)
+    if not len(index):
+        return {k: 0.0 for k in BOUND_KS}
+    task = queries[index]
+    if expand:
+        task = task + expand * matrix[np.argmax(cosines[index], axis=1)]
+        task = task / np.linalg.norm(task, axis=1, keepdims=True)
+    near = task @ matrix.T
+    gold = near[np.arange(len(index)), [position[golds[i]] for i in index]]
+    place = (near > gold[:, None]).sum(axis=1) + 1
+    return {k: float(100 * (place <= k).mean()) for k in BOUND_KS}
+
+
+def sweep(service, principal, pairs, golds, embedder, floors=FLOORS, ceilings=CEILINGS, caps=CAPS,
+          knns=KNNS, space=None) -> list[dict]:
+    """Every (floor, ceiling, cap, knn) ranked by ``rank`` on the same candidates."""
+    from core.compile.planning import plan_query
+    from core.compile.ranking import ClaimSignals, RankInput, rank
+    from core.compile.retrieval import CompileScope, lexical_candidates
+    from core.vectors.calibration import Calibration
+
+    snapshot = service.reader.current(ORG)
+    scope = CompileScope(principal, SUBJECT, None, AT)
+    rowids, _, _, cosines = space or vector_space(service, pairs, embedder)
     signals = {int(r): ClaimSignals.of(f"claim_{int(r):08d}", 0.9, 1, 0.0, 0, 0, 0) for r in rowids}
     lexical_sets = [dict(lexical_candidates(snapshot, scope, plan_query(p["query"]))) for p in pairs]
     order = np.argsort(-cosines, axis=1)[:, :max(knns)]
@@ -248,6 +286,30 @@ def sweep(service, principal, pairs, golds, embedder, floors=FLOORS, ceilings=CE
     return results
 
 
+def report_bounds(service, principal, pairs, golds, space) -> dict:
+    """Print and return ``nearest_bound`` for all paraphrases lexical misses
+    and per source, plain and with the task expanded by its nearest claim."""
+    from core.compile.planning import plan_query
+    from core.compile.retrieval import CompileScope, lexical_candidates
+
+    snapshot = service.reader.current(ORG)
+    scope = CompileScope(principal, SUBJECT, None, AT)
+    paraphrase = paraphrases(snapshot, pairs)
+    missed = [i for i, pair in enumerate(pairs)
+              if paraphrase[i] and golds[i] not in dict(lexical_candidates(snapshot, scope, plan_query(pair["query"])))]
+    groups = {"all": missed, **{source: [i for i in missed if pairs[i]["source"] == source]
+                                for source in sorted({p["source"] for p in pairs})}}
+    out = {}
+    for expand in (0.0, 0.5):
+        for name, members in groups.items():
+            bound = nearest_bound(space, golds, members, expand)
+            out[f"{name}:expand={expand}"] = {"missed": len(members), **{str(k): v for k, v in bound.items()}}
+            print(f"answers among the task's k nearest claims, of {len(members)} paraphrases lexical misses ({name}"
+                  f"{', task moved toward its nearest claim x%s' % expand if expand else ''}): "
+                  + ", ".join(f"k={k} {v:.1f}%" for k, v in bound.items()))
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.calibration_eval", description=__doc__.split("\n")[0])
     parser.add_argument("--embedder", default="local:all-MiniLM-L6-v2", help="a TITEN_EMBEDDER spec")
@@ -262,7 +324,8 @@ def main(argv=None) -> int:
     golds = gold_rowids(snapshot, pairs)
     fp = service.embedder.fingerprint
     if args.sweep:
-        rows = sweep(service, principal, pairs, golds, service.embedder)
+        space = vector_space(service, pairs, service.embedder)
+        rows = sweep(service, principal, pairs, golds, service.embedder, space=space)
         head = ("knn", "cap", "floor", "ceiling", "rank-1 lex", "rank-1 hyb", "MRR lex", "MRR hyb", "rescue %",
                 "loss %", "ok")
         table = [(r["knn"], r["cap"], r["floor"], r["ceiling"], f"{r['lexical_rank1']:.1f}", f"{r['hybrid_rank1']:.1f}",
@@ -273,7 +336,9 @@ def main(argv=None) -> int:
         print(f"chosen by the rule (docs/vectors.md §3): floor {chosen['floor']}, ceiling {chosen['ceiling']}, "
               f"cap {chosen['cap']}, knn {chosen['knn']}  (TITEN_EMBED_CALIBRATION={chosen['floor']},"
               f"{chosen['ceiling']},{chosen['knn']},{chosen['cap']})")
-        result = {"bench": "calibration_sweep", "embedder": args.embedder, "rows": rows, "chosen": chosen}
+        bounds = report_bounds(service, principal, pairs, golds, space)
+        result = {"bench": "calibration_sweep", "embedder": args.embedder, "rows": rows, "chosen": chosen,
+                  "nearest_bound": bounds}
     else:
         lexical, hybrid = end_to_end(service, principal, pairs, golds)
         f = figures(lexical, hybrid, paraphrases(snapshot, pairs), [p["source"] for p in pairs])
