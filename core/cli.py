@@ -1,4 +1,5 @@
-"""The ``titen`` command: serve, rebuild, import, keys, demo, snapshots.
+"""The ``titen`` command: serve, mcp, rebuild, import, keys, demo, snapshots,
+erasures.
 
 Every command takes ``--data-dir DIR`` (default ``$TITEN_DATA_DIR``, else
 ``./.titen``) or ``--store URL`` (``file://…`` or ``s3://bucket/prefix``;
