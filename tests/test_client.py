@@ -129,6 +129,32 @@ def test_rebuild(titen):
     assert set(titen.rebuild()) >= {"generation", "published", "content_hash"}
 
 
+@pytest.fixture
+def eraser(served):
+    url, keys, _ = served
+    return Titen(url, keys["erase"], backoff=0.01)
+
+
+def test_erase_subject_is_pending_then_complete_with_counts(titen, eraser, subject, claim_id):
+    asked = eraser.erase_subject(subject)
+    assert asked == {"erasure_id": asked["erasure_id"], "subject_id": subject, "status": "pending"}
+    titen.rebuild()
+    done = eraser.erasure(asked["erasure_id"])
+    assert done["status"] == "complete" and done["counts"]["claims"] == 1
+    assert titen.compile(subject, "smoke checks", max_tokens=1200)["items"] == []
+
+
+def test_erase_observation_takes_the_claim_it_alone_supports(titen, eraser, subject):
+    written = titen.observe(**{**OBSERVATION, "subject_id": subject}, claim=CLAIM)
+    asked = eraser.erase_observation(written["observation_id"])
+    assert asked["observation_id"] == written["observation_id"] and asked["status"] == "pending"
+    titen.rebuild()
+    assert eraser.erasure(asked["erasure_id"])["status"] == "complete"
+    with pytest.raises(TitenError) as caught:
+        titen.evidence(written["claim_id"])
+    assert caught.value.code == "NOT_FOUND"
+
+
 def test_an_error_answer_raises_with_code_status_and_request_id(titen):
     with pytest.raises(TitenError) as caught:
         titen.evidence("claim_" + "0" * 32)

@@ -114,6 +114,7 @@ def serve(tmp_path: Path):
     keys = {"all": ring.create("acme", "alice", ["context:compile", "context:feedback", "memory:write", "admin"],
                                [])["api_key"],
             "compile": ring.create("acme", "bob", ["context:compile"], [])["api_key"],
+            "erase": ring.create("acme", "erin", ["memory:erase"], [])["api_key"],
             "other": ring.create("globex", "mallory", ["memory:write", "admin"], [])["api_key"]}
     port = _free_port()
     env = {**os.environ, "TITEN_CACHE_DIR": str(tmp_path / "cache")}

@@ -288,6 +288,32 @@ class Titen:
         return self.request("POST", f"/v1/context/{self._id(context_id)}/feedback", body, write=True,
                             idempotency_key=idempotency_key)
 
+    def erase_subject(self, subject_id: str) -> JSON:
+        """``DELETE /v1/subjects/{id}`` (memory:erase): forget everything about the subject in the
+        key's organization. Answered at once (202, ``pending``); the next rebuild carries it out.
+
+        >>> titen.erase_subject("user_rama")["status"]
+        'pending'
+        """
+        return self.request("DELETE", f"/v1/subjects/{self._id(subject_id)}")
+
+    def erase_observation(self, observation_id: str) -> JSON:
+        """``DELETE /v1/observations/{id}`` (memory:erase): forget one observation; claims it alone
+        supports go with it.
+
+        >>> titen.erase_observation(obs_id)["erasure_id"]
+        'era_01...'
+        """
+        return self.request("DELETE", f"/v1/observations/{self._id(observation_id)}")
+
+    def erasure(self, erasure_id: str) -> JSON:
+        """``GET /v1/erasures/{id}`` (memory:erase): ``pending``, then ``complete`` with counts.
+
+        >>> titen.erasure(erasure_id)["status"]
+        'complete'
+        """
+        return self.request("GET", f"/v1/erasures/{self._id(erasure_id)}")
+
     def rebuild(self) -> JSON:
         """``POST /v1/admin/rebuild`` (admin): rebuild the organization now and serve it.
 
