@@ -97,7 +97,7 @@ def parse_id(value: object, prefix: str) -> str | None:
     """The hex part of a well-formed id with this prefix, else None."""
     if not isinstance(value, str):
         return None
-    m = _ID_RE.match(value)
+    m = _ID_RE.fullmatch(value)
     if not m or m.group(1) != prefix:
         return None
     return m.group(2)

@@ -62,14 +62,14 @@ class KeyRing:
     # -- administration (CLI) ----------------------------------------------
 
     def create(self, org_id: str, principal_id: str, scopes: list[str], workspaces: list[str]) -> dict:
-        if not ORG_ID.match(org_id or ""):
+        if not ORG_ID.fullmatch(org_id or ""):
             raise ValidationError("--org must be 1-63 characters of a-z, 0-9, '_' or '-', starting with a letter or digit")
-        if not IDENTIFIER.match(principal_id or ""):
+        if not IDENTIFIER.fullmatch(principal_id or ""):
             raise ValidationError("--principal must be an identifier (letters, digits, '_.:@-')")
         unknown = [s for s in scopes if s not in SCOPES]
         if unknown or not scopes:
             raise ValidationError(f"--scopes must be a comma list of {', '.join(SCOPES)}")
-        bad_ws = [w for w in workspaces if not IDENTIFIER.match(w)]
+        bad_ws = [w for w in workspaces if not IDENTIFIER.fullmatch(w)]
         if bad_ws:
             raise ValidationError(f"--workspaces: {bad_ws[0]!r} is not an identifier")
         api_key = "titen_sk_" + secrets.token_urlsafe(32)

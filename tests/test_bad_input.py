@@ -4,6 +4,10 @@ import json
 
 import pytest
 
+from conftest import ALL_SCOPES
+
+ALL_SCOPES_WITH_ERASE = ALL_SCOPES + ",memory:erase"
+
 OBS = {"subject_id": "user_rama", "kind": "tool_result", "content": "ok",
        "source": {"type": "tool", "ref": "r"}, "visibility": "organization"}
 
@@ -191,3 +195,40 @@ def test_a_revoked_key_gets_401_within_five_seconds(api, monkeypatch):
 def test_a_new_key_works_at_once(api):
     key = api.key(org="fresh")
     assert api.post("/v1/observations", OBS, key).status_code == 201
+
+
+def test_a_405_names_the_methods_the_route_has(api):
+    r = api.client.get("/v1/observations")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+
+
+@pytest.mark.parametrize("method, path", [("POST", "/v1/context/compile/"), ("GET", "/healthz/"),
+                                          ("GET", "/v1/claims/claim_x/evidence/")])
+def test_a_path_with_a_slash_too_many_is_an_unknown_route_in_the_envelope(api, method, path):
+    r = api.client.request(method, path, follow_redirects=False)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "NOT_FOUND"
+    assert r.headers["cache-control"] == "no-store"
+
+
+@pytest.mark.parametrize("method, path", [
+    ("GET", "/v1/claims/{}/evidence"), ("GET", "/v1/context/{}"), ("POST", "/v1/context/{}/feedback"),
+    ("DELETE", "/v1/observations/{}"), ("GET", "/v1/erasures/{}"), ("POST", "/v1/claims/{}/revoke"),
+    ("GET", "/v1/{}"),
+])
+@pytest.mark.parametrize("control", ["%E2%80%AE", "%00", "%1B", "%0A", "%C2%85"])
+def test_a_control_character_in_a_path_comes_back_escaped_never_raw(api, method, path, control):
+    key = api.key(scopes=ALL_SCOPES_WITH_ERASE)
+    body = {"outcome": "used"} if path.endswith("feedback") else {"expected_version": 1}
+    r = api.client.request(method, path.format(f"claim_{control}x"), headers=api._headers(key),
+                           json=body if method == "POST" else None)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "NOT_FOUND"
+    message = r.json()["error"]["message"]
+    assert message.isprintable() and "\\u" in message
+
+
+def test_an_erased_subject_id_with_a_trailing_line_feed_is_not_an_identifier(api):
+    key = api.key(scopes=ALL_SCOPES_WITH_ERASE)
+    r = api.client.delete("/v1/subjects/user_rama%0A", headers=api._headers(key))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "VALIDATION_ERROR"
+    assert "not an identifier" in r.json()["error"]["message"]
+    assert api.ledger_keys() == [] and list(api.service.store.list_keys("orgs/acme/erasures/")) == []

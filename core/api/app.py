@@ -18,7 +18,7 @@ from starlette.routing import Route
 from core.api.endpoint import endpoint, log, mcp_endpoint
 from core.api.envelope import Serialized, error_response
 from core.api.evidence import claim_evidence
-from core.errors import Internal, MethodNotAllowed, NotFound, TitenError, echo
+from core.errors import Internal, MethodNotAllowed, NotFound, TitenError, echo, printable
 from core.ids import new_id
 from core.observe.request_line import RequestLine
 from core.service import WRITE_ROUTES, Service
@@ -137,11 +137,16 @@ def create_app(service: Service) -> Starlette:
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
         request_id = new_id("req")
+        # (the scope's path: request.url re-parses it, and urlsplit drops line breaks)
+        path = printable(echo(request.scope.get("path", "")))
         if exc.status_code == 405:
-            return error_response(MethodNotAllowed(f"{echo(request.method)} is not allowed on "
-                                                   f"{echo(request.url.path)}"), request_id)
+            response = error_response(MethodNotAllowed(f"{printable(echo(request.method))} is not allowed on {path}"),
+                                      request_id)
+            # RFC 9110 §15.5.6: a 405 names the methods the route has
+            response.headers["allow"] = (exc.headers or {}).get("Allow", "")
+            return response
         if exc.status_code == 404:
-            return error_response(NotFound(f"no route {echo(request.url.path)}"), request_id)
+            return error_response(NotFound(f"no route {path}"), request_id)
         err = TitenError(exc.detail or "error")
         err.status, err.code = exc.status_code, "VALIDATION_ERROR" if exc.status_code < 500 else "INTERNAL"
         return error_response(err, request_id)
@@ -155,5 +160,8 @@ def create_app(service: Service) -> Starlette:
     observe = Middleware(RequestLine, metrics=service.metrics, log_format=service.settings.log_format)
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: crash},
                     middleware=[observe])
+    # a path with a slash too many is an unknown route (404 in the envelope),
+    # not a bare 307 to the route without it
+    app.router.redirect_slashes = False
     app.state.service = service
     return app

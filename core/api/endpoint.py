@@ -21,7 +21,7 @@ from core.api.envelope import error_response, json_response, read_body, read_raw
 from core.api.mcp import (INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, SERVER_ERROR, TOOLS,
                           McpServer, RpcError, message_id, rpc_error)
 from core.budget.items import dumps
-from core.errors import Internal, RequestTimeout, TitenError, Unavailable, ValidationError, echo
+from core.errors import Internal, RequestTimeout, TitenError, Unavailable, ValidationError, echo, printable
 from core.bodies import IDENTIFIER_MAX
 from core.ids import new_id
 from core.observe.request_line import note_error, note_rpc
@@ -48,8 +48,10 @@ def endpoint(service: Service, *, auth: bool = True, body: bool = False, inline:
             for name, value in request.path_params.items():
                 # no id is longer: cut before anything can look it up or echo it
                 # (a subject id is the caller's identifier, up to 128 characters)
+                # (an id holding a character no id has is unknown: escaped, it
+                # still finds nothing and its NOT_FOUND quotes no control)
                 request.path_params[name] = (value[:IDENTIFIER_MAX + 1] if name == "subject_id"
-                                             else echo(value))
+                                             else printable(echo(value)))
             try:
                 if auth:
                     # a key looked up within the cache period needs no I/O: answered

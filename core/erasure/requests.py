@@ -38,7 +38,7 @@ class ErasureDesk:
 
     def erase_subject(self, principal: Principal, subject_id: str) -> dict:
         principal.require("memory:erase")
-        if not IDENTIFIER.match(subject_id or ""):
+        if not IDENTIFIER.fullmatch(subject_id or ""):
             raise ValidationError(f"subject_id {echo(subject_id)!r} is not an identifier (letters, digits, '_.:@-')")
         erasure_id = self._record(principal, "subject", subject_id, subject_tag(principal.org_id, subject_id))
         return {"erasure_id": erasure_id, "subject_id": subject_id, "status": "pending"}

@@ -90,7 +90,7 @@ def parse_request(body: str) -> tuple[str, float]:
         org_id, not_before = data["org_id"], parse_instant(data["not_before"]).timestamp()
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise RebuildRequestInvalid(f"not a rebuild request: {type(exc).__name__}") from None
-    if not isinstance(org_id, str) or not ORG_ID.match(org_id):
+    if not isinstance(org_id, str) or not ORG_ID.fullmatch(org_id):
         raise RebuildRequestInvalid("not a rebuild request: bad org_id")
     return org_id, not_before
 

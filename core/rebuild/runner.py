@@ -141,7 +141,7 @@ class RebuildRunner:
         organizations = self.service.ledger.organizations()
         if org_id is None:
             return organizations, from_scratch
-        if not isinstance(org_id, str) or not ORG_ID.match(org_id):
+        if not isinstance(org_id, str) or not ORG_ID.fullmatch(org_id):
             raise ValueError("org_id must be 1-63 characters of a-z, 0-9, '_' or '-'")
         if org_id not in organizations:
             raise ValueError(f"no organization {org_id!r} is registered in {self.service.store.url}")

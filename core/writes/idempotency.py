@@ -55,7 +55,7 @@ def parse_key(value: str | None) -> str | None:
     """The header's key, ``None`` when absent, else ``ValidationError``."""
     if value is None:
         return None
-    if not _KEY.match(value):
+    if not _KEY.fullmatch(value):
         raise ValidationError(f"{HEADER} must be 1 to 255 visible ASCII characters (no spaces or controls)")
     return value
 
