@@ -263,7 +263,8 @@ BATCH = Record({
 FEEDBACK = Record({
     "outcome": Text(choices=FEEDBACK_OUTCOMES),
     "claim_id": Text(max_len=64, description="a claim of the pack; omitted: feedback on the whole pack"),
-    "reason_code": Text(max_len=64, pattern=IDENTIFIER),
+    # an identifier of at most 64 characters (the pattern says so too, so the schema agrees with itself)
+    "reason_code": Text(max_len=64, pattern=re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}$")),
 }, ("outcome",))
 
 __all__ = ["BATCH", "CLAIM", "CLAIM_SOURCE", "COMPILE", "CONSOLIDATED_CLAIM", "CONSOLIDATION", "FEEDBACK", "IDENTIFIER",

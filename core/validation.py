@@ -189,6 +189,10 @@ class Fields:
         v = self._get(name, required)
         if v is None:
             return default
+        # JSON has one number type and JSON Schema calls 2.0 an integer, so
+        # a client that sends one (as a float-only JSON encoder does) is right
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
         if isinstance(v, bool) or not isinstance(v, int):
             raise ValidationError(f"{self._name(name)} must be an integer")
         if not lo <= v <= hi:

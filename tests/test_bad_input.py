@@ -232,3 +232,13 @@ def test_an_erased_subject_id_with_a_trailing_line_feed_is_not_an_identifier(api
     assert r.status_code == 400 and r.json()["error"]["code"] == "VALIDATION_ERROR"
     assert "not an identifier" in r.json()["error"]["message"]
     assert api.ledger_keys() == [] and list(api.service.store.list_keys("orgs/acme/erasures/")) == []
+
+
+def test_a_whole_number_written_with_a_fraction_is_an_integer(api):
+    # JSON Schema (and so the OpenAPI document) counts 1200.0 as an integer
+    key = api.key()
+    r = api.post("/v1/context/compile", compile_body(max_tokens=1200.0), key)
+    assert r.status_code == 200 and r.json()["data"]["budget"]["max_tokens"] == 1200
+    claim_id = api.observe(key, claim={"statement": "s", "kind": "procedural", "confidence": 0.9})["claim_id"]
+    r = api.post(f"/v1/claims/{claim_id}/expire", {"expected_version": 1.0}, key)
+    assert r.status_code == 200 and r.json()["data"]["version"] == 2

@@ -122,7 +122,9 @@ SCHEMAS: dict[str, Any] = {
                   ("status", "generation", "generation_age_seconds", "claim_count", "vector", "organizations",
                    "last_refresh_error")),
     "JsonRpcMessage": _obj({"jsonrpc": _s("string", const="2.0"), "id": _s(["string", "integer"]),
-                            "method": STR, "params": _s("object")}, ("jsonrpc", "method"),
+                            "method": STR,
+                            # null is taken as {}: a client that writes absent params as null is served
+                            "params": _s(["object", "null"])}, ("jsonrpc", "method"),
                            description="one JSON-RPC 2.0 message; no id: a notification (202, no body)"),
     "JsonRpcAnswer": _obj({"jsonrpc": _s("string", const="2.0"), "id": _s(["string", "integer", "null"]),
                            "result": _s("object"),
@@ -290,7 +292,7 @@ def document() -> dict:
                            "tools/call (titen_remember, titen_consolidate, titen_compile, titen_feedback, "
                            "titen_evidence, titen_forget). Tool failures are results with isError: true carrying the "
                            "envelope's {code, message}. Protocol versions: " + ", ".join(PROTOCOL_VERSIONS) + ".",
-            "parameters": [{"name": "MCP-Protocol-Version", "in": "header", "required": False, "schema": STR,
+            "parameters": [{"name": "MCP-Protocol-Version", "in": "header", "required": False, "schema": {"type": "string", "enum": list(PROTOCOL_VERSIONS)},
                             "description": "the negotiated version (after initialize); unsupported: 400"}],
             "requestBody": {"required": True, "content": {"application/json": {
                 "schema": ref("JsonRpcMessage"),
