@@ -417,3 +417,20 @@ def test_forget_is_the_subject_erasure_route_and_is_marked_destructive(api):
     done = api.get(f"/v1/erasures/{asked['erasure_id']}", key).json()["data"]
     assert done["status"] == "complete" and done["counts"]["claims"] == 1
     assert api.compile(key, "harbour dawn").json()["data"]["items"] == []
+
+
+@pytest.mark.parametrize("tool,arguments,method,path", [
+    ("titen_evidence", {"claim_id": "claim_" + "a" * 70}, "GET", "/v1/claims/claim_" + "a" * 70 + "/evidence"),
+    ("titen_evidence", {"claim_id": "   "}, "GET", "/v1/claims/%20%20%20/evidence"),
+    ("titen_feedback", {"context_id": "ctx_" + "b" * 90, "outcome": "used"}, "POST",
+     "/v1/context/ctx_" + "b" * 90 + "/feedback"),
+    ("titen_forget", {"subject_id": "bad id!"}, "DELETE", "/v1/subjects/bad%20id%21"),
+])
+def test_an_id_argument_gets_exactly_the_answer_its_route_gives_that_path(api, tool, arguments, method, path):
+    # (a control character is the exception: in arguments it is body text, refused by the body rule)
+    key = api.key(scopes="context:compile,context:feedback,memory:write,memory:erase")
+    result = call_tool(api, key, tool, arguments)
+    route = api.client.request(method, path, headers=api._headers(key),
+                               json={"outcome": "used"} if method == "POST" else None).json()["error"]
+    assert result["isError"] is True and result["structuredContent"]["error"] == route
+    assert api.ledger_keys() == []

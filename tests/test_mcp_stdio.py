@@ -90,3 +90,15 @@ def test_stdio_answers_a_bad_line_with_a_parse_error_and_ignores_notifications(t
     answers = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [a.get("id") for a in answers] == [None, 9]
     assert answers[0]["error"]["code"] == -32700 and answers[1]["result"] == {}
+
+
+def test_the_relay_never_answers_a_notification_even_when_the_server_is_unreachable(tmp_path):
+    # port 9 (discard) on localhost: nothing listens, the connection is refused
+    lines = b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n' \
+            b'{"jsonrpc": "2.0", "id": 3, "method": "ping"}\n'
+    proc = subprocess.run([TITEN, "mcp", "--url", "http://127.0.0.1:9"], input=lines, capture_output=True,
+                          timeout=60, env={**os.environ, "TITEN_API_KEY": "titen_sk_" + "x" * 43})
+    answers = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [a.get("id") for a in answers] == [3]
+    assert answers[0]["error"]["data"]["code"] == "UNAVAILABLE"
+    assert b"notification was not delivered" in proc.stderr

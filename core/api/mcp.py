@@ -36,9 +36,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from core.bodies import COMPILE, CONSOLIDATION, FEEDBACK, OBSERVATION, Record, Text
+from core.bodies import COMPILE, CONSOLIDATION, FEEDBACK, IDENTIFIER_MAX, OBSERVATION, Record, Text
 from core.domain import INSTRUCTIONS
-from core.errors import Internal, TitenError, Unavailable, ValidationError
+from core.errors import Internal, TitenError, Unavailable, ValidationError, echo, printable
 from core.api.evidence import claim_evidence
 from core.keys import Principal
 from core.observe.request_line import note_error
@@ -144,10 +144,33 @@ REMEMBER_ARGUMENTS = Record(
     tuple(n for n in OBSERVATION.required if n not in REMEMBER_DEFAULTS),
     "the POST /v1/observations body; kind and source may be omitted")
 COMPILE_ARGUMENTS = COMPILE.only("subject_id", "task", "max_tokens", "project_id", "at")
-FEEDBACK_ARGUMENTS = Record({"context_id": Text(max_len=64, description="the pack's context_id (ctx_…)"),
+@dataclass(frozen=True)
+class PathArgument:
+    """An argument that is a path segment of the tool's route. It is read as
+    the route reads its path: any string (a route's path has no length or
+    pattern rule), cut and escaped as ``core.api.endpoint`` does, so an id no
+    record has is ``NOT_FOUND`` with the route's message, never a
+    ``VALIDATION_ERROR`` the route would not give. A subject id is the
+    caller's identifier: the service checks it, with the route's message."""
+    description: str
+    subject: bool = False
+
+    def read(self, f, name: str, required: bool):
+        value = f._get(name, required)
+        if not isinstance(value, str):
+            raise ValidationError(f"{f._name(name)} must be a string")
+        return value[:IDENTIFIER_MAX + 1] if self.subject else printable(echo(value))
+
+    def schema(self, nullable: bool) -> dict:
+        return {"type": "string", "description": self.description}
+
+
+FEEDBACK_ARGUMENTS = Record({"context_id": PathArgument("the pack's context_id (ctx_<32 hex>)"),
                              **FEEDBACK.fields}, ("context_id",) + FEEDBACK.required)
-EVIDENCE_ARGUMENTS = Record({"claim_id": Text(max_len=64, description="claim_<32 hex>")}, ("claim_id",))
-FORGET_ARGUMENTS = Record({"subject_id": OBSERVATION.fields["subject_id"]}, ("subject_id",))
+EVIDENCE_ARGUMENTS = Record({"claim_id": PathArgument("claim_<32 hex>")}, ("claim_id",))
+FORGET_ARGUMENTS = Record({"subject_id": PathArgument("the subject to forget: an identifier of letters, digits "
+                                                      "and '_.:@-', at most 128 characters", subject=True)},
+                          ("subject_id",))
 
 TOOLS = {t.name: t for t in (
     Tool("titen_remember", "Remember an observation",

@@ -85,21 +85,29 @@ def bridged(url: str, api_key: str | None, timeout: float = 60.0) -> Answer:
         except urllib.error.HTTPError as exc:
             body = exc.read()
         except OSError as exc:
-            return rpc_error(message_id(message), SERVER_ERROR, f"cannot reach {endpoint}: {exc}",
-                             {"code": "UNAVAILABLE"})
+            return _failed(message, f"cannot reach {endpoint}: {exc}")
         if not body:
             return None  # 202: a notification
         try:
             reply = json.loads(body)
         except ValueError:
-            return rpc_error(message_id(message), SERVER_ERROR, f"{endpoint} answered something other than JSON",
-                             {"code": "UNAVAILABLE"})
+            return _failed(message, f"{endpoint} answered something other than JSON")
         if isinstance(message, dict) and message.get("method") == "initialize":
             version = (reply.get("result") or {}).get("protocolVersion")
             if isinstance(version, str):
                 negotiated["version"] = version
         return reply if _expects_answer(message) else None
     return answer
+
+
+def _failed(message, reason: str) -> dict | None:
+    """The relay could not deliver ``message``: an error answer, unless it
+    is a notification (JSON-RPC 2.0 §4.1: never answered), which is then
+    lost and said so on stderr."""
+    if _expects_answer(message):
+        return rpc_error(message_id(message), SERVER_ERROR, reason, {"code": "UNAVAILABLE"})
+    print(f"titen mcp: a notification was not delivered: {reason}", file=sys.stderr)
+    return None
 
 
 def _expects_answer(message) -> bool:
