@@ -50,14 +50,22 @@ def test_an_item_answer_is_what_the_single_route_answers(api):
         {k: single[k] for k in ("subject_id", "project_id", "trust", "visibility")}
 
 
-def test_when_no_item_is_valid_nothing_is_stored_and_the_request_is_a_400(api):
-    key = api.key()
-    r = api.post("/v1/observations/batch", {"items": [item(0, kind="x"), {"content": "no"}]}, key)
-    assert r.status_code == 400 and r.json()["error"]["code"] == "VALIDATION_ERROR"
-    message = r.json()["error"]["message"]
-    assert message.startswith("none of the 2 items is valid, nothing was stored: items[0].kind must be one of")
-    assert "items[1]" in message
+def test_when_no_item_is_valid_the_answer_is_still_a_result_per_item_and_nothing_is_stored(api):
+    key = api.key(scopes="memory:write")
+    body = {"items": [item(0, kind="x"), {"content": "no"}, item(2, trust="verified")]}
+    headers = {**api._headers(key), "idempotency-key": "all-bad-1"}
+    r = api.client.post("/v1/observations/batch", json=body, headers=headers)
+    assert r.status_code == 201
+    results = r.json()["data"]["results"]
+    assert [sorted(x) for x in results] == [["error", "index"]] * 3
+    assert [x["error"]["code"] for x in results] == ["VALIDATION_ERROR", "VALIDATION_ERROR", "FORBIDDEN"]
+    assert results[0]["error"]["message"].startswith("items[0].kind must be one of")
+    assert results[2]["error"]["message"] == "items[2].trust: verified needs the memory:verify scope"
     assert api.ledger_keys() == []
+    # nothing was written, so nothing is kept to replay: the retry finds the same errors
+    again = api.client.post("/v1/observations/batch", json=body, headers=headers)
+    assert again.status_code == 201 and again.json()["data"] == r.json()["data"]
+    assert list(api.service.store.list_keys("orgs/acme/idempotency/")) == []
 
 
 @pytest.mark.parametrize("body,expected", [

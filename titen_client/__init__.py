@@ -192,7 +192,7 @@ class Titen:
         """``POST /v1/observations/batch``: up to 100 observation bodies in one ledger entry.
 
         Each result is ``{"index", "data"}`` (stored) or ``{"index", "error"}`` (not stored);
-        a batch with no valid item raises ``TitenError`` (VALIDATION_ERROR).
+        a batch with no valid item stores nothing and still answers a result per item.
 
         >>> out = titen.observe_batch([
         ...     {"subject_id": "user_rama", "kind": "user_statement", "content": "I deploy on Fridays.",

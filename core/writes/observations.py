@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from core.bodies import BATCH
-from core.errors import TitenError, ValidationError
+from core.errors import TitenError
 from core.ids import minted_at, record_hex
 from core.keys import Principal
 from core.validation import Fields
@@ -27,9 +27,9 @@ class ObservationWrites(WriteDesk):
     def record_observation_batch(self, principal: Principal, body: dict, attempt: Attempt | None = None) -> dict:
         """Up to ``MAX_BATCH_ITEMS`` observation bodies in one ledger entry:
         each valid item is stored, each invalid one reported by its index and
-        stored nowhere. When no item is valid nothing is stored and the
-        request is a ``ValidationError`` naming the first errors (a 2xx
-        always means something was stored)."""
+        stored nowhere. When no item is valid the answer is still 201 with a
+        result per item, as the contract says, and nothing is written: no
+        ledger entry, no idempotency record (a retry finds the same errors)."""
         principal.require("memory:write")
         attempt = attempt or Attempt()
         f = Fields(body, "body", BATCH)
@@ -48,10 +48,8 @@ class ObservationWrites(WriteDesk):
             observations.append(obs)
             claims.extend(obs_claims)
             results.append({"index": i, "data": observation_answer(obs, obs_claims)})
-        if not observations:
-            errors = "; ".join(r["error"]["message"] for r in results[:3])
-            more = f" (and {len(results) - 3} more)" if len(results) > 3 else ""
-            raise ValidationError(f"none of the {len(results)} items is valid, nothing was stored: {errors}{more}")
         result = {"results": results}
+        if not observations:
+            return result
         self._append(principal, "batch", {"observations": observations, "claims": claims}, attempt, 201, result)
         return result

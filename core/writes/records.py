@@ -71,7 +71,7 @@ def build_observation(principal: Principal, body: dict, observation_id: str, cla
     if src.raw("id") is not None:
         source["id"] = src.take("id")
     trust = f.take("trust")
-    check_trust(principal, trust, "trust")
+    check_trust(principal, trust, "trust" if path == "body" else f"{path}.trust")
     visibility = f.take("visibility")
     check_workspace(principal, visibility, workspace_id, path)
     occurred = f.take("occurred_at")
