@@ -63,6 +63,10 @@ ROUTE_CASES = [
     ("/v1/consolidations", {"subject_id": "user_rama", "claims": [claim(sources=[
         {"observation_id": "obs_" + "1" * 32, "relation": "contradicts"}])]}, "at least one 'supports'"),
     ("/v1/consolidations", {"subject_id": "user_rama", "claims": [claim(sources=[
+        {"observation_id": "obs_" + "1" * 32, "relation": "supports"},
+        {"observation_id": "obs_" + "1" * 32, "relation": "contradicts"}])]},
+     "claims[0].sources[1]: obs_" + "1" * 32 + " is already cited as 'supports'; an observation is cited with one relation"),
+    ("/v1/consolidations", {"subject_id": "user_rama", "claims": [claim(sources=[
         {"observation_id": "obs_" + "1" * 32, "relation": "refutes"}])]}, "relation must be one of"),
     ("/v1/consolidations", {"subject_id": "user_rama", "claims": [claim(sources=[
         {"observation_id": "nope", "relation": "supports"}])]}, "not an observation id"),

@@ -47,8 +47,14 @@ class ConsolidationWrites(WriteDesk):
                 relation = sf.take("relation")
                 if parse_id(observation_id, "obs") is None:
                     raise ValidationError(f"{path}.sources[{j}].observation_id is not an observation id")
-                if {"observation_id": observation_id, "relation": relation} not in sources:
+                cited = next((s["relation"] for s in sources if s["observation_id"] == observation_id), None)
+                if cited is None:
                     sources.append({"observation_id": observation_id, "relation": relation})
+                elif cited != relation:
+                    # one piece of evidence cannot both support and contradict a claim:
+                    # the claim would be disputed by its own evidence
+                    raise ValidationError(f"{path}.sources[{j}]: {observation_id} is already cited as "
+                                          f"'{cited}'; an observation is cited with one relation")
             if not any(s["relation"] == "supports" for s in sources):
                 raise ValidationError(f"{path}.sources needs at least one 'supports' source")
             parsed.append((path, fields, trust, visibility, workspace_id, sources))
