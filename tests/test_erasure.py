@@ -293,6 +293,47 @@ def test_an_erasure_is_not_readable_by_another_organization(world):
         none.json()["error"]["message"].replace(unknown, "ID")
 
 
+def test_an_erasure_reads_to_another_principal_exactly_as_an_unknown_one(world):
+    api = world["api"]
+    asked = erase(world, "/v1/subjects/subj_s")
+    bob = api.key(principal="bob", scopes="memory:erase")
+    unknown = "era_" + "0" * 32
+    seen = api.get(f"/v1/erasures/{asked['erasure_id']}", bob)
+    none = api.get(f"/v1/erasures/{unknown}", bob)
+    assert seen.status_code == none.status_code == 404
+    assert seen.json()["error"]["message"].replace(asked["erasure_id"], "ID") == \
+        none.json()["error"]["message"].replace(unknown, "ID")
+
+
+def test_a_subject_erasure_takes_records_its_requester_cannot_read_but_counts_only_what_it_could(world):
+    api, store = world["api"], world["store"]
+    alice = world["key"]
+    ws = api.key(principal="carol", scopes=ALL_SCOPES, workspaces=("ws_ops",))
+    api.observe(alice, subject_id="subj_p", content="Alice's private note.", visibility="private",
+                claim={"statement": "Alice keeps this to herself.", "kind": "preference", "confidence": 0.8})
+    api.observe(ws, subject_id="subj_p", content="Ops team note.", visibility="team", workspace_id="ws_ops",
+                claim={"statement": "The ops team knows this.", "kind": "procedural", "confidence": 0.8})
+    api.observe(alice, subject_id="subj_p", content="Everyone may read this.",
+                claim={"statement": "Everyone knows this.", "kind": "semantic_fact", "confidence": 0.8})
+    api.rebuild(alice)
+    bob = api.key(principal="bob", scopes="memory:erase,context:compile")
+    asked = api.client.delete("/v1/subjects/subj_p", headers={"authorization": bob["authorization"]})
+    assert asked.status_code == 202
+    api.rebuild(alice)
+    done = api.get(f"/v1/erasures/{asked.json()['data']['erasure_id']}", bob).json()["data"]
+    # bob could read only the organization-wide observation and claim
+    assert done["status"] == "complete"
+    assert (done["counts"]["observations"], done["counts"]["claims"]) == (1, 1)
+    # every record went, whoever could read it
+    for key in (alice, ws):
+        assert api.compile(key, "note knows this", subject_id="subj_p").json()["data"]["items"] == []
+    outcomes = [json.loads(store.get(k).body) for k in store.list_keys("orgs/acme/ledger/")]
+    told = [o for o in outcomes if o.get("type") == "erasure_complete"
+            and o["erasure_id"] == asked.json()["data"]["erasure_id"]]
+    assert (told[0]["counts"]["observations"], told[0]["counts"]["claims"]) == (3, 3)
+    assert told[0]["told_counts"] == done["counts"]
+
+
 def test_a_retried_write_whose_records_were_erased_is_a_conflict_not_a_second_copy(world):
     api, key = world["api"], world["key"]
     body = {"subject_id": "subj_x", "kind": "tool_result", "content": "once", "source": {"type": "tool", "ref": "r"},

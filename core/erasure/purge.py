@@ -58,6 +58,7 @@ class Target:
     claims: set[str] = field(default_factory=set)         # erased claim ids
     runs: set[str] = field(default_factory=set)           # stubbed context ids
     subject_tag: str | None = None  # core.ids.subject_tag of the subject, recorded for reapplying
+    reader: str | None = None       # the requesting principal: its counts are of what it could read
 
     def __post_init__(self):
         if self.kind == "subject" and self.target_id is not None:
@@ -97,6 +98,9 @@ class Purged:
     context_runs: int = 0
     feedback_entries: int = 0
     claim_heads: int = 0
+    # of those, the requester's own (a pack and its feedback are their compiler's alone)
+    visible_context_runs: int = 0
+    visible_feedback_entries: int = 0
 
 
 def stub(entry: dict, erasure_id: str) -> dict:
@@ -207,7 +211,7 @@ class LedgerPurge:
                 new = rewrite(entry, target)
                 if new is not None:
                     writes.append((key, etag, new))
-                    self._count(entry, new)
+                    self._count(entry, new, target)
             list(pool.map(lambda w: self._replace(*w), writes))
             self._purge_runs(target)
             heads = [claim_head_key(self.org_id, hex_) for hex_ in
@@ -294,13 +298,18 @@ class LedgerPurge:
             entry = json.loads(obj.body)
         return key, obj.etag, entry
 
-    def _count(self, entry: dict, new: dict) -> None:
+    def _count(self, entry: dict, new: dict, target: Target) -> None:
         if new.get("type") == ERASED:
             self.purged.entries_stubbed += 1
             if entry.get("type") == "feedback":
-                self.purged.feedback_entries += 1
+                self._count_feedback(entry, target)
         else:
             self.purged.entries_rewritten += 1
+
+    def _count_feedback(self, entry: dict, target: Target) -> None:
+        self.purged.feedback_entries += 1
+        if target.reader is not None and entry.get("actor") == target.reader:
+            self.purged.visible_feedback_entries += 1
 
     def _replace(self, key: str, etag: str, new: dict) -> None:
         body = encode(new)
@@ -342,10 +351,12 @@ class LedgerPurge:
                 target.runs.add(entry["context_id"])
                 writes.append((key, etag, stub(entry, target.erasure_id)))
                 self.purged.context_runs += 1
+                if target.reader is not None and entry.get("actor") == target.reader:
+                    self.purged.visible_context_runs += 1
         for key, etag, entry in feedback:  # feedback on a whole pack: it goes with its run
             if entry.get("context_id") in target.runs:
                 writes.append((key, etag, stub(entry, target.erasure_id)))
-                self.purged.feedback_entries += 1
+                self._count_feedback(entry, target)
         list(self.pool.map(lambda w: self._replace(*w), writes))
 
 

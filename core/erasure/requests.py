@@ -10,9 +10,11 @@ with core/erasure/work.py), which the write hook asks for like any write's.
 Scope rules as everywhere: an observation the caller may not read, or of
 another organization, is ``NOT_FOUND`` exactly like one that does not
 exist. A subject erasure reaches every record about the subject in the
-caller's organization, whoever wrote it: erasure is an administrative act,
-and its counts say how many records of each type went. Erasing a subject
-with no records completes with zero counts.
+caller's organization, whoever wrote it: erasure is an administrative act.
+Its counts, though, are of the records the requester could read (a record
+the caller may not read reaches no count; the ledger's
+``erasure_complete`` entry keeps the totals), and only the requester reads
+them. Erasing a subject with no records completes with zero counts.
 """
 
 from __future__ import annotations
@@ -51,11 +53,13 @@ class ErasureDesk:
         return {"erasure_id": erasure_id, "observation_id": observation_id, "status": "pending"}
 
     def status(self, principal: Principal, erasure_id: str) -> dict:
-        """``GET /v1/erasures/{id}``: the caller's organization only."""
+        """``GET /v1/erasures/{id}``: its requester only, as a stored pack is
+        its compiler's only: the counts are of what the requester could
+        read, and another principal's view would differ."""
         principal.require("memory:erase")
         hex_ = parse_id(erasure_id, "era")
         record = records.read(self.store, principal.org_id, hex_)[0] if hex_ else None
-        if record is None:
+        if record is None or record.get("requested_by") != principal.principal_id:
             raise NotFound(f"erasure {erasure_id} not found")
         return {"erasure_id": record["erasure_id"], "target": record["target"],
                 "target_sha256": record["target_sha256"], "status": record["status"],
@@ -85,7 +89,8 @@ class ErasureDesk:
         # rebuild needs; the ledger entry without it would be unworkable
         self.store.put_if_absent(erasure_key(principal.org_id, hex_), records.encode({
             "erasure_id": erasure_id, "org_id": principal.org_id, "target": target, "target_sha256": sha,
-            "requested_by": principal.principal_id, "requested_at": requested_at, "status": "pending",
+            "requested_by": principal.principal_id, "requested_workspaces": sorted(principal.workspaces),
+            "requested_at": requested_at, "status": "pending",
             "completed_at": None, "counts": None, "pending_target": target_id,
             # (four hex digits of the subject's hash: its context runs carry them)
             "subject_tag": tag}))

@@ -18,6 +18,7 @@ import apsw
 
 from core.erasure import records
 from core.erasure.purge import LedgerPurge, Purged, Target
+from core.snapshot.erase import Requester
 from core.layout import RUN_SUFFIX
 from core.ledger import Ledger, encode
 from core.instants import canonical, now_utc
@@ -27,7 +28,24 @@ from core.storage import PreconditionFailed, Store
 def target_of(record: dict) -> Target:
     """The target of an erasure's status object (its id only while pending)."""
     return Target(record["erasure_id"], record["target"], record["org_id"], record["target_sha256"],
-                  target_id=record.get("pending_target"), subject_tag=record.get("subject_tag"))
+                  target_id=record.get("pending_target"), subject_tag=record.get("subject_tag"),
+                  reader=record.get("requested_by"))
+
+
+def requester_of(record: dict) -> Requester:
+    """Who asked, as far as reading goes: the counts it is told are of what it could read."""
+    return Requester(record["requested_by"], tuple(record.get("requested_workspaces") or ()))
+
+
+def told_counts(erased: dict, purged: Purged) -> dict:
+    """The counts ``GET /v1/erasures/{id}`` shows: of the records erased,
+    those its requester could read (DESIGN: a record the caller may not
+    read reaches no count). The ledger's ``erasure_complete`` entry keeps
+    the totals, for operators."""
+    visible = erased.get("visible") or {}
+    return {"observations": visible.get("observations", 0), "claims": visible.get("claims", 0),
+            "embeddings": visible.get("embeddings", 0), "context_runs": purged.visible_context_runs,
+            "feedback": purged.visible_feedback_entries}
 
 
 class ErasureWork:
@@ -57,6 +75,10 @@ class ErasureWork:
         self.targets = [(r, target_of(r)) for r in pending]
         return pending
 
+    def requesters(self) -> dict[str, Requester]:
+        """By erasure id, who asked for each pending erasure."""
+        return {record["erasure_id"]: requester_of(record) for record, _ in self.targets}
+
     def purge(self, db: apsw.Connection | None) -> None:
         """Carry every pending erasure out in the ledger; ``db``: the
         previous generation (None when the build starts from empty)."""
@@ -78,13 +100,15 @@ class ErasureWork:
             if erasure_id not in erased:
                 continue  # its entry was not applied by this build (the next one applies it)
             purged = self.purged.get(erasure_id, Purged())
-            counts = {**erased.get(erasure_id, {}), "context_runs": purged.context_runs,
+            totals = {**erased.get(erasure_id, {}), "context_runs": purged.context_runs,
                       "feedback": purged.feedback_entries}
-            finished = records.complete(self.store, self.org_id, record, counts, completed_at)
+            finished = records.complete(self.store, self.org_id, record,
+                                        told_counts(erased.get(erasure_id, {}), purged), completed_at)
             # under the suffix no snapshot needs: the outcome is for people, not for builds
             ledger.append(self.org_id, "erasure_complete", {
                 "erasure_id": erasure_id, "target_sha256": record["target_sha256"],
-                "counts": finished["counts"], "completed_at": completed_at},
+                "counts": {k: totals.get(k, 0) for k in records.COUNTED}, "told_counts": finished["counts"],
+                "completed_at": completed_at},
                 actor="rebuild", suffix=RUN_SUFFIX)
             done.append(finished)
         return done

@@ -356,6 +356,7 @@ class SnapshotBuilder:
         if any(entry.get("type") == "erasure" for entry in entries) and self.erasure_work.pending():
             # the previous generation (not yet changed) says where the records are
             self.erasure_work.purge(None if from_empty else db)
+            self.erasures.requesters = self.erasure_work.requesters()
             db.execute("PRAGMA secure_delete = ON")  # deleted rows are overwritten, not just unlinked
         touched: set[str] = set()
         applied = 0

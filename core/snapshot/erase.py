@@ -30,27 +30,48 @@ import apsw
 from core.domain import TRUST_LEVELS
 from core.erasure.records import target_sha256
 from core.lexical import LexicalChanges
+from core.scope import can_read
 
 
 @dataclass
 class Erased:
-    """What one erasure removed from the snapshot, by record type."""
+    """What one erasure removed from the snapshot, by record type; and, as
+    ``visible_*``, how many of those its requester could read: the counts
+    it is told (a record the caller may not read reaches no count)."""
     observations: int = 0
     claims: int = 0
     feedback: int = 0
     embeddings: int = 0
+    visible_observations: int = 0
+    visible_claims: int = 0
+    visible_embeddings: int = 0
 
     def as_counts(self) -> dict:
         return {"observations": self.observations, "claims": self.claims, "feedback": self.feedback,
-                "embeddings": self.embeddings}
+                "embeddings": self.embeddings,
+                "visible": {"observations": self.visible_observations, "claims": self.visible_claims,
+                            "embeddings": self.visible_embeddings}}
+
+
+@dataclass(frozen=True)
+class Requester:
+    """Who asked for an erasure, as far as reading goes (core.scope.can_read)."""
+    principal_id: str
+    workspaces: tuple = ()
+
+    def can_read(self, visibility: str, workspace_id: str | None, owner_id: str) -> bool:
+        return can_read(self, visibility, workspace_id, owner_id)
 
 
 class Erasures:
-    """The organization's erasures as one build applies and enforces them."""
+    """The organization's erasures as one build applies and enforces them.
+    ``requesters``: by erasure id, who asked for each pending one."""
 
-    def __init__(self, db: apsw.Connection, org_id: str):
+    def __init__(self, db: apsw.Connection, org_id: str, requesters: dict[str, Requester] | None = None):
         self.db = db
         self.org_id = org_id
+        self.requesters = requesters or {}
+        self.requester: Requester | None = None  # of the erasure being applied
         self.standing = [tuple(r) for r in db.execute("SELECT erasure_id, target, target_sha256 FROM erasures")]
         self.applied: dict[str, Erased] = {}  # erasure id -> what applying it removed, this build
         self.erased = Erased()  # the erasure being applied
@@ -102,6 +123,7 @@ class Erasures:
         limit = erasure_id[len("era_"):]
         db = self.db
         self.erased = self.applied.setdefault(erasure_id, Erased())
+        self.requester = self.requesters.get(erasure_id)
         if target == "subject":
             subjects = {s for s, in db.execute(
                 "SELECT subject_id FROM observations UNION SELECT subject_id FROM claims")}
@@ -110,16 +132,17 @@ class Erasures:
                 for claim_id, in db.execute("SELECT claim_id FROM claims WHERE subject_id = ? AND claim_id < ?",
                                             (subject_id, "claim_" + limit)).fetchall():
                     self._delete_claim(claim_id, lexical)
-                self.erased.observations += self._count(
-                    "DELETE FROM observations WHERE subject_id = ? AND observation_id < ? RETURNING 1",
-                    (subject_id, "obs_" + limit))
+                self._deleted_observations(
+                    "DELETE FROM observations WHERE subject_id = ? AND observation_id < ?"
+                    " RETURNING visibility, workspace_id, owner_id", (subject_id, "obs_" + limit))
             return
         # one observation: it is found by hash among the observations and the sources that cite it
         ids = {o for o, in db.execute("SELECT observation_id FROM observations"
                                       " UNION SELECT observation_id FROM claim_sources")}
         for observation_id in [o for o in ids if o < "obs_" + limit and self._hash("observation", o) == sha]:
-            self.erased.observations += self._count(
-                "DELETE FROM observations WHERE observation_id = ? RETURNING 1", (observation_id,))
+            self._deleted_observations(
+                "DELETE FROM observations WHERE observation_id = ? RETURNING visibility, workspace_id, owner_id",
+                (observation_id,))
             citing = [c for c, in db.execute("SELECT DISTINCT claim_id FROM claim_sources WHERE observation_id = ?",
                                              (observation_id,)).fetchall()]
             for claim_id in citing:
@@ -147,11 +170,12 @@ class Erasures:
 
     def _delete_claim(self, claim_id: str, lexical: LexicalChanges) -> None:
         db = self.db
-        row = db.execute("SELECT rowid, subject_id, statement, indexed FROM claims WHERE claim_id = ?",
-                         (claim_id,)).fetchone()
+        row = db.execute("SELECT rowid, subject_id, statement, indexed, visibility, workspace_id, owner_id"
+                         " FROM claims WHERE claim_id = ?", (claim_id,)).fetchone()
         if row is None:
             return
-        rowid, subject_id, statement, indexed = row
+        rowid, subject_id, statement, indexed = row[:4]
+        visible = self._readable(row[4:])
         if indexed:
             db.execute("DELETE FROM claims_fts WHERE rowid = ?", (rowid,))
             lexical.deleted(rowid, subject_id, statement)
@@ -161,9 +185,10 @@ class Erasures:
         self.erased.feedback += self._count("DELETE FROM feedback WHERE claim_id = ? RETURNING 1", (claim_id,))
         db.execute("DELETE FROM claims WHERE rowid = ?", (rowid,))
         self.erased.claims += 1
-        self._forget_embedding(statement)
+        self.erased.visible_claims += visible
+        self._forget_embedding(statement, visible)
 
-    def _forget_embedding(self, statement: str) -> None:
+    def _forget_embedding(self, statement: str, visible: bool) -> None:
         """Drop a statement's cached vector once no remaining claim says it."""
         db = self.db
         if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'embed_cache'").fetchone() is None:
@@ -171,8 +196,22 @@ class Erasures:
         if db.execute("SELECT 1 FROM claims WHERE statement = ? LIMIT 1", (statement,)).fetchone() is not None:
             return
         from core.vectors.embedder import text_sha256  # only where vectors were built
-        self.erased.embeddings += self._count("DELETE FROM embed_cache WHERE text_sha256 = ? RETURNING 1",
-                                              (text_sha256(statement),))
+        dropped = self._count("DELETE FROM embed_cache WHERE text_sha256 = ? RETURNING 1", (text_sha256(statement),))
+        self.erased.embeddings += dropped
+        self.erased.visible_embeddings += dropped if visible else 0
+
+    def _deleted_observations(self, sql: str, params) -> None:
+        """Run a DELETE … RETURNING visibility, workspace_id, owner_id and count its rows."""
+        rows = self.db.execute(sql, params).fetchall()
+        self.erased.observations += len(rows)
+        self.erased.visible_observations += sum(self._readable(r) for r in rows)
+
+    def _readable(self, row) -> bool:
+        """Whether the requester of the erasure being applied could read a
+        record of this (visibility, workspace_id, owner_id). An erasure
+        enforced again on a late record has no requester here: its counts
+        were told when it completed."""
+        return self.requester is not None and self.requester.can_read(*row)
 
     def _count(self, sql: str, params) -> int:
         return len(self.db.execute(sql, params).fetchall())
