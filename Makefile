@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/titen demo --data-dir $(DATA_DIR)
+	$(BIN)/titen demo --data-dir $(DATA_DIR) --port $(PORT)
 	$(BIN)/titen serve --data-dir $(DATA_DIR) --port $(PORT)
 
 test: $(STAMP)

@@ -135,14 +135,14 @@ def cmd_demo(args) -> int:
 
     service = _service(args)
     created = service.keys.create(DEMO_ORG, "demo-admin", ["context:compile", "context:feedback", "memory:write",
-                                                           "memory:verify", "admin"], [])
+                                                           "memory:verify", "memory:erase", "admin"], [])
     principal = service.keys.authenticate("Bearer " + created["api_key"])
     written = load_demo(service, principal)
     result = service.rebuild(DEMO_ORG)
     print(f"demo organization '{DEMO_ORG}': {written} new writes, generation {result.generation}, "
           f"{result.claim_count} claims")
     print(f"API key (org {DEMO_ORG}, all scopes): {created['api_key']}")
-    print("try:\n  curl -s localhost:8787/v1/context/compile -H 'authorization: Bearer "
+    print(f"try:\n  curl -s localhost:{args.port}/v1/context/compile -H 'authorization: Bearer "
           f"{created['api_key']}' -H 'content-type: application/json' \\\n"
           f"    -d '{{\"subject_id\":\"{DEMO_SUBJECT}\",\"task\":\"can we deploy on friday\",\"max_tokens\":1200}}'")
     return 0
@@ -220,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_keys_revoke)
 
     p = sub.add_parser("demo", parents=[common], help="load the demo memory and print a working key")
+    p.add_argument("--port", type=int, default=8787, help="the port the printed curl call uses (default 8787)")
     p.set_defaults(run=cmd_demo)
 
     snaps = sub.add_parser("snapshots", help="inspect or roll back published generations").add_subparsers(

@@ -281,7 +281,8 @@ def document() -> dict:
             "eraseObservation", "erase one observation and the claims it alone supports (202)", "memory:erase",
             202, ref("ErasureAsked"), (401, 403, 404, 500, 503), params=[_path_id("observation_id", "obs")])},
         "/v1/erasures/{erasure_id}": {"get": _op(
-            "erasureStatus", "how far an erasure got: pending or complete, with counts per record type",
+            "erasureStatus", "how far an erasure got: pending or complete, with counts per record type of what "
+            "the requester could read (its requester only)",
             "memory:erase", 200, ref("Erasure"), (401, 403, 404, 500, 503),
             params=[_path_id("erasure_id", "era")])},
         "/v1/admin/rebuild": {"post": _op("adminRebuild", "rebuild the caller's organization now and serve it",
