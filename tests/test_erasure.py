@@ -163,6 +163,19 @@ def test_after_an_erasure_a_build_from_scratch_agrees_with_the_incremental_one(w
     assert replayed.content_hash == incremental["content_hash"]
 
 
+def test_a_build_from_scratch_that_carries_an_erasure_out_brings_no_erased_vector_back(world):
+    from core.vectors.embedder import text_sha256
+    api, key, service = world["api"], world["key"], world["service"]
+    erase(world, "/v1/subjects/subj_s")
+    # the previous generation still holds S's vectors; the replay must not seed them
+    service.rebuild("acme", from_scratch=True)
+    snapshot = service.reader.current("acme")
+    cached = {h for h, in snapshot.db.execute("SELECT text_sha256 FROM embed_cache")}
+    said = {text_sha256(s) for s, in snapshot.db.execute("SELECT DISTINCT statement FROM claims")}
+    assert cached and cached <= said
+    assert snapshot.db.execute("SELECT count(*) FROM claims WHERE subject_id = 'subj_s'").fetchone()[0] == 0
+
+
 def test_the_erasure_record_in_the_ledger_is_content_free(world):
     api, key, store = world["api"], world["key"], world["store"]
     asked = erase(world, "/v1/subjects/subj_s")
@@ -302,6 +315,20 @@ def test_an_erasure_reads_to_another_principal_exactly_as_an_unknown_one(world):
     none = api.get(f"/v1/erasures/{unknown}", bob)
     assert seen.status_code == none.status_code == 404
     assert seen.json()["error"]["message"].replace(asked["erasure_id"], "ID") == \
+        none.json()["error"]["message"].replace(unknown, "ID")
+
+
+def test_a_key_of_the_requester_with_fewer_workspaces_reads_an_erasure_as_an_unknown_one(world):
+    api = world["api"]
+    bob_ops = api.key(principal="bob", scopes="memory:erase", workspaces=("ws_ops",))
+    bob_plain = api.key(principal="bob", scopes="memory:erase")
+    asked = api.client.delete("/v1/subjects/subj_s", headers={"authorization": bob_ops["authorization"]})
+    erasure_id, unknown = asked.json()["data"]["erasure_id"], "era_" + "0" * 32
+    assert api.get(f"/v1/erasures/{erasure_id}", bob_ops).status_code == 200
+    seen = api.get(f"/v1/erasures/{erasure_id}", bob_plain)
+    none = api.get(f"/v1/erasures/{unknown}", bob_plain)
+    assert seen.status_code == none.status_code == 404
+    assert seen.json()["error"]["message"].replace(erasure_id, "ID") == \
         none.json()["error"]["message"].replace(unknown, "ID")
 
 

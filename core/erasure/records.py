@@ -5,9 +5,11 @@
 being erased (``pending_target``): the rebuild that carries the erasure out
 needs it. When the erasure completes, the object is rewritten without it,
 with the counts and ``completed_at``, and every older version of it is
-purged, so what stays is content-free: who asked, when, a hash of the id,
-and the counts. The same content-free facts are appended to the ledger
-(``type: "erasure"`` when asked, ``"erasure_complete"`` when done).
+purged, so what stays is content-free: who asked (and the workspaces of
+the key it asked with), when, a hash of the id, and the counts of what it
+could read. Content-free facts are appended to the ledger too (``type:
+"erasure"`` when asked, ``"erasure_complete"`` when done, with the total
+counts beside the told ones).
 """
 
 from __future__ import annotations

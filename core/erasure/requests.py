@@ -54,12 +54,14 @@ class ErasureDesk:
 
     def status(self, principal: Principal, erasure_id: str) -> dict:
         """``GET /v1/erasures/{id}``: its requester only, as a stored pack is
-        its compiler's only: the counts are of what the requester could
-        read, and another principal's view would differ."""
+        its compiler's only: the counts are of what the requesting key could
+        read, so a reader must be that principal with at least that key's
+        workspaces (another key of it with fewer could not read them all)."""
         principal.require("memory:erase")
         hex_ = parse_id(erasure_id, "era")
         record = records.read(self.store, principal.org_id, hex_)[0] if hex_ else None
-        if record is None or record.get("requested_by") != principal.principal_id:
+        if (record is None or record.get("requested_by") != principal.principal_id
+                or not set(record.get("requested_workspaces") or ()) <= set(principal.workspaces)):
             raise NotFound(f"erasure {erasure_id} not found")
         return {"erasure_id": record["erasure_id"], "target": record["target"],
                 "target_sha256": record["target_sha256"], "status": record["status"],

@@ -188,7 +188,10 @@ def _sync(db: apsw.Connection, embedder: Embedder, progress, stats: SyncStats) -
 def seed_embed_cache(db: apsw.Connection, store, snapshot_key: str, work_dir: str, progress=lambda m: None) -> int:
     """Copy the embedding cache of a published generation into a snapshot
     being replayed from empty, so a replay re-embeds nothing it already had.
-    Best effort: any failure just means more texts to embed."""
+    Only the vectors of statements the replay holds are copied: a vector
+    whose claims an erasure took (or that no claim says any more) must not
+    come back through the previous generation. Best effort: any failure
+    just means more texts to embed."""
     import os
     import secrets
 
@@ -202,8 +205,13 @@ def seed_embed_cache(db: apsw.Connection, store, snapshot_key: str, work_dir: st
             if db.execute("SELECT 1 FROM seed.sqlite_master WHERE name='embed_cache'").fetchone() is None:
                 return 0
             with db:
+                db.execute("CREATE TEMP TABLE seed_wanted(text_sha256 TEXT PRIMARY KEY) WITHOUT ROWID")
+                db.executemany("INSERT OR IGNORE INTO temp.seed_wanted VALUES(?)",
+                               ((text_sha256(statement),) for statement, in
+                                db.execute("SELECT DISTINCT statement FROM main.claims").fetchall()))
                 db.execute("INSERT OR IGNORE INTO main.embed_cache SELECT text_sha256, fingerprint, vector"
-                           " FROM seed.embed_cache")
+                           " FROM seed.embed_cache WHERE text_sha256 IN (SELECT text_sha256 FROM temp.seed_wanted)")
+                db.execute("DROP TABLE temp.seed_wanted")
             copied = db.execute("SELECT count(*) FROM main.embed_cache").fetchone()[0]
             progress(f"vectors: {copied} cached embeddings carried into the replay")
             return copied
