@@ -25,7 +25,14 @@ from core.domain import (CLAIM_KINDS, FEEDBACK_OUTCOMES, MAX_TASK_CHARS, OBSERVA
                          VISIBILITY_RANK)
 
 IDENTIFIER_MAX = 128
-IDENTIFIER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,%d}$" % (IDENTIFIER_MAX - 1))
+def identifier_pattern(max_len: int) -> re.Pattern:
+    """An identifier (letters, digits, '_.:@-', starting with a letter or
+    digit) of at most ``max_len`` characters, so a schema's pattern and its
+    maxLength say the same."""
+    return re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,%d}$" % (max_len - 1))
+
+
+IDENTIFIER = identifier_pattern(IDENTIFIER_MAX)
 SOURCE_TYPE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 # What ``str.strip`` removes (every character with ``str.isspace()``), so
 # "not blank" reads the same in Python and in the JSON Schema pattern.
@@ -263,8 +270,7 @@ BATCH = Record({
 FEEDBACK = Record({
     "outcome": Text(choices=FEEDBACK_OUTCOMES),
     "claim_id": Text(max_len=64, description="a claim of the pack; omitted: feedback on the whole pack"),
-    # an identifier of at most 64 characters (the pattern says so too, so the schema agrees with itself)
-    "reason_code": Text(max_len=64, pattern=re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}$")),
+    "reason_code": Text(max_len=64, pattern=identifier_pattern(64)),
 }, ("outcome",))
 
 __all__ = ["BATCH", "CLAIM", "CLAIM_SOURCE", "COMPILE", "CONSOLIDATED_CLAIM", "CONSOLIDATION", "FEEDBACK", "IDENTIFIER",

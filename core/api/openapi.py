@@ -293,7 +293,8 @@ def document() -> dict:
                            "tools/call (titen_remember, titen_consolidate, titen_compile, titen_feedback, "
                            "titen_evidence, titen_forget). Tool failures are results with isError: true carrying the "
                            "envelope's {code, message}. Protocol versions: " + ", ".join(PROTOCOL_VERSIONS) + ".",
-            "parameters": [{"name": "MCP-Protocol-Version", "in": "header", "required": False, "schema": {"type": "string", "enum": list(PROTOCOL_VERSIONS)},
+            "parameters": [{"name": "MCP-Protocol-Version", "in": "header", "required": False,
+                            "schema": {"type": "string", "enum": list(PROTOCOL_VERSIONS)},
                             "description": "the negotiated version (after initialize); unsupported: 400"}],
             "requestBody": {"required": True, "content": {"application/json": {
                 "schema": ref("JsonRpcMessage"),

@@ -59,9 +59,6 @@ class Requester:
     principal_id: str
     workspaces: tuple = ()
 
-    def can_read(self, visibility: str, workspace_id: str | None, owner_id: str) -> bool:
-        return can_read(self, visibility, workspace_id, owner_id)
-
 
 class Erasures:
     """The organization's erasures as one build applies and enforces them.
@@ -211,7 +208,7 @@ class Erasures:
         record of this (visibility, workspace_id, owner_id). An erasure
         enforced again on a late record has no requester here: its counts
         were told when it completed."""
-        return self.requester is not None and self.requester.can_read(*row)
+        return self.requester is not None and can_read(self.requester, *row)
 
     def _count(self, sql: str, params) -> int:
         return len(self.db.execute(sql, params).fetchall())
