@@ -1,9 +1,11 @@
 """Query planning: free task text → a safe FTS5 MATCH expression.
 
 Pure, no I/O. The task is split into words the way FTS5's unicode61
-tokenizer splits text (runs of letters and digits), case-folded, function
-words dropped unless nothing else is left, deduplicated in order, and capped
-at 16 terms. Each term is emitted as a double-quoted FTS5 string and the
+tokenizer splits text (runs of letters and digits) once CJK runs are
+written as bigrams the way statements are indexed
+(``core.lexical.segmentation``), case-folded, function words (and words written only in Hiragana,
+mostly particles) dropped unless
+nothing else is left, deduplicated in order, and capped at 16 terms. Each term is emitted as a double-quoted FTS5 string and the
 terms are OR-ed, so operators typed into a task (``NEAR``, ``AND``, ``*``,
 ``^``, ``col:``, quotes, parentheses) are searched as words or dropped as
 punctuation — never executed.
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from core.lexical.segmentation import hiragana_only, index_text
 
 MAX_TERMS = 16
 _WORD = re.compile(r"[^\W_]+")
@@ -41,8 +45,8 @@ class QueryPlan:
 
 
 def plan_query(task: str) -> QueryPlan:
-    words = [w.casefold() for w in _WORD.findall(task)]
-    content = [w for w in words if w not in FUNCTION_WORDS]
+    words = [w.casefold() for w in _WORD.findall(index_text(task))]
+    content = [w for w in words if w not in FUNCTION_WORDS and not hiragana_only(w)]
     chosen = content or words
     terms: list[str] = []
     seen: set[str] = set()

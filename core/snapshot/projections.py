@@ -19,6 +19,7 @@ from core.budget.items import item_fields, item_prefix
 from core.budget.tokens import count_tokens_batch
 from core.domain import ACTION_STATUS, POSITIVE_OUTCOMES, TERMINAL_STATUSES
 from core.lexical import LexicalChanges
+from core.lexical.segmentation import index_text
 
 
 def refresh_projections(db: apsw.Connection, claim_ids: Iterable[str],
@@ -65,13 +66,14 @@ def refresh_projections(db: apsw.Connection, claim_ids: Iterable[str],
                 claim_id, statement, kind, confidence, trust, status, observer_id, valid_from, valid_to,
                 sorted({e[0] for e in evidence})))
         if should_index and not indexed:
-            db.execute("INSERT INTO claims_fts(rowid, statement) VALUES(?, ?)", (rowid, statement))
+            text = index_text(statement)
+            db.execute("INSERT INTO claims_fts(rowid, statement) VALUES(?, ?)", (rowid, text))
             if lexical is not None:
-                lexical.inserted(rowid, subject_id, statement)
+                lexical.inserted(rowid, subject_id, text)
         elif indexed and not should_index:
             db.execute("DELETE FROM claims_fts WHERE rowid=?", (rowid,))
             if lexical is not None:
-                lexical.deleted(rowid, subject_id, statement)
+                lexical.deleted(rowid, subject_id, index_text(statement))
         pending.append((base_status, status, version, superseded_by, disputed, dispute_public, total, positive,
                         negative, json.dumps(evidence, separators=(",", ":")), should_index, prefix, rowid))
         if len(pending) >= PRICE_BATCH:

@@ -18,7 +18,10 @@ revoked claims are deleted from it, so they never count in BM25 statistics.
 
 from core.lexical import FTS_DDL
 
-SCHEMA_VERSION = 4  # bump on any change to DDL: older snapshots are then replayed, never served
+# Bump on any change to DDL, or to what a table holds (5: claims_fts holds
+# statements with CJK runs as bigrams, core.lexical.segmentation): older
+# snapshots are then replayed, never served.
+SCHEMA_VERSION = 5
 
 DDL = """
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
