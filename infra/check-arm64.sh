@@ -48,7 +48,7 @@ ROOT=$CACHE/$SUITE-arm64
 VENV=/opt/titen-venv
 LOGDIR=$CACHE/logs
 TESTS=(tests/test_lexical.py tests/test_ranking.py tests/test_packing.py tests/test_query_plan.py
-       tests/test_pack_digest.py)
+       tests/test_pack_digest.py tests/test_index_words.py tests/test_planning.py)
 START=$(date +%s)
 
 say() { printf '[check-arm64 %4ss] %s\n' "$(( $(date +%s) - START ))" "$*"; }

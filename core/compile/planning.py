@@ -1,10 +1,10 @@
 """Query planning: free task text → a safe FTS5 MATCH expression.
 
-Pure, no I/O. The task is split into words the way FTS5's unicode61
-tokenizer splits text (runs of letters and digits) once CJK runs are
-written as bigrams the way statements are indexed
-(``core.lexical.segmentation``), case-folded, function words (and words written only in Hiragana,
-mostly particles) dropped unless
+Pure, no I/O. The task is first rewritten as statements are when they are
+indexed (``core.lexical.words``: CJK runs as bigrams, Cyrillic, Greek and
+Arabic words as stems), then split into words the way FTS5's unicode61
+tokenizer splits text (runs of letters and digits), case-folded, function
+words (and words written only in Hiragana, mostly particles) dropped unless
 nothing else is left, deduplicated in order, and capped at 16 terms. Each term is emitted as a double-quoted FTS5 string and the
 terms are OR-ed, so operators typed into a task (``NEAR``, ``AND``, ``*``,
 ``^``, ``col:``, quotes, parentheses) are searched as words or dropped as
@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from core.lexical.segmentation import hiragana_only, index_text
+from core.lexical.words import hiragana_only, index_text
 
 MAX_TERMS = 16
 _WORD = re.compile(r"[^\W_]+")

@@ -19,7 +19,7 @@ from core.budget.items import item_fields, item_prefix
 from core.budget.tokens import count_tokens_batch
 from core.domain import ACTION_STATUS, POSITIVE_OUTCOMES, TERMINAL_STATUSES
 from core.lexical import LexicalChanges
-from core.lexical.segmentation import index_text
+from core.lexical.words import index_text
 
 
 def refresh_projections(db: apsw.Connection, claim_ids: Iterable[str],

@@ -1,8 +1,11 @@
-"""Chinese, Japanese and Korean are searched by character bigrams, the same
-way on both sides: a statement entering the index and a task being planned.
+"""What the index holds of text FTS5 alone cannot search, the same on both
+sides (a statement entering the index, a task being planned): Chinese,
+Japanese and Korean as character bigrams, Cyrillic, Greek and Arabic words
+as their Snowball stems.
 
-Without it FTS5's unicode61 tokenizer made a whole unspaced clause one token,
-so a task found a CJK claim only by repeating that clause exactly."""
+Without it FTS5's unicode61 tokenizer made a whole unspaced CJK clause one
+token, and porter stems English only, so ``пятницу`` never found
+``пятница``."""
 
 import random
 
@@ -12,7 +15,7 @@ from hypothesis import given, strategies as st
 from core import lexical
 from core.compile.planning import plan_query
 from core.compile.retrieval import fts_candidates
-from core.lexical.segmentation import hiragana_only, index_text
+from core.lexical.words import hiragana_only, index_text
 
 
 @pytest.mark.parametrize("text, indexed", [
@@ -31,12 +34,32 @@ def test_cjk_runs_become_overlapping_bigrams(text, indexed):
     assert index_text(text) == indexed
 
 
-_NOT_CJK = st.text(alphabet=st.characters(blacklist_categories=("Cs",), max_codepoint=0x10ff))
-# (Latin, Greek, Cyrillic, Hebrew, Arabic, Devanagari, Thai, …: everything below Hangul jamo)
+@pytest.mark.parametrize("forms", [
+    ("пятница", "пятницу", "пятницы", "Пятнице"),
+    ("развёртывание", "развертывания", "Развёртыванием"),
+    ("ανάπτυξη", "ανάπτυξης", "Ανάπτυξη"),
+    ("παρασκευή", "παρασκευής"),
+    ("الجمعة", "جمعة"),
+])
+def test_inflected_forms_in_cyrillic_greek_and_arabic_index_as_one_word(forms):
+    assert len({index_text(form) for form in forms}) == 1
+    assert all(len(index_text(form).split()) == 1 for form in forms)  # one word stays one word
 
 
-@given(_NOT_CJK)
-def test_text_without_cjk_is_indexed_unchanged(text):
+def test_a_stem_replaces_its_word_in_place():
+    assert index_text("Deploy в пятницу, x1пятницу!") == "Deploy в пятниц, x1пятниц!"
+
+
+# Latin (English, Polish, German, …), IPA, Hebrew, Devanagari, Thai: no
+# bigrams, no stems
+_UNTOUCHED = st.text(alphabet=st.one_of(
+    st.characters(blacklist_categories=("Cs",), max_codepoint=0x036f),
+    st.characters(min_codepoint=0x0590, max_codepoint=0x05ff),
+    st.characters(min_codepoint=0x0900, max_codepoint=0x0e7f)))
+
+
+@given(_UNTOUCHED)
+def test_text_in_other_scripts_is_indexed_unchanged(text):
     assert index_text(text) is text
 
 
@@ -64,11 +87,18 @@ LANGUAGES = {
            "周一的例会十点开始。"),
     "ko": ("금요일 배포는 두 번째 승인자와 스모크 테스트 통과가 필요합니다.", "배포 승인자",
            "월요일 회의는 열 시에 시작합니다."),
+    # each task word in another inflection than the statement's
+    "ru": ("Развёртывание в пятницу требует второго утверждающего.", "пятница развёртыванием",
+           "Совещание по понедельникам начинается в десять."),
+    "el": ("Η ανάπτυξη την Παρασκευή απαιτεί δεύτερο εγκριτή.", "ανάπτυξης παρασκευής",
+           "Η συνάντηση της Δευτέρας ξεκινά στις δέκα."),
+    "ar": ("النشر يوم الجمعة يتطلب موافقة ثانية.", "نشر جمعة",
+           "اجتماع الاثنين يبدأ في العاشرة."),
 }
 
 
 @pytest.mark.parametrize("language", sorted(LANGUAGES))
-def test_a_cjk_claim_is_found_by_a_task_in_other_words(api, language):
+def test_a_claim_is_found_by_a_task_in_other_words_or_forms(api, language):
     statement, task, other = LANGUAGES[language]
     key = api.key()
     wanted = api.observe(key, claim={"statement": statement, "kind": "procedural", "confidence": 0.9})["claim_id"]
@@ -80,12 +110,13 @@ def test_a_cjk_claim_is_found_by_a_task_in_other_words(api, language):
     assert r.json()["data"]["items"][0]["claim"] == statement  # the item shows the statement as written
 
 
-def test_the_candidate_index_equals_the_fts5_query_on_cjk_text(api):
-    """The bigrams reach the candidate index through the builder: same rows,
+def test_the_candidate_index_equals_the_fts5_query_on_these_scripts(api):
+    """The bigrams and stems reach the candidate index through the builder: same rows,
     same order, bit-identical bm25 as FTS5's own query."""
     rng = random.Random(7)
     words = ["金曜日", "の", "デプロイ", "には", "承認者", "スモークテスト", "部署", "审批人", "测试", "周五",
-             "배포는", "승인자", "테스트", "deploy", "smoke", "、"]
+             "배포는", "승인자", "테스트", "deploy", "smoke", "、", " пятницу ", " пятница ", " ανάπτυξης ",
+             " الجمعة "]
     key = api.key()
     for i in range(40):
         # unspaced, as these languages are written; word frequencies uneven
@@ -100,7 +131,8 @@ def test_the_candidate_index_equals_the_fts5_query_on_cjk_text(api):
                          "2100-01-01T00:00:00.000000Z")
     where, params = scope.where()
     checked = 0
-    for task in ["デプロイ 承認", "部署 审批人 测试", "배포 승인자", "金曜日 deploy", "スモーク smoke 周五"]:
+    for task in ["デプロイ 承認", "部署 审批人 测试", "배포 승인자", "金曜日 deploy", "スモーク smoke 周五", "пятницы",
+                 "ανάπτυξη الجمعة"]:
         plan = plan_query(task)
         expected = fts_candidates(snapshot.db, where, params, plan.match, 200)
         got = lexical.top_candidates(snapshot.db, "user_rama", where, params, plan.terms, 200)

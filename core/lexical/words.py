@@ -1,0 +1,96 @@
+"""How text becomes the words the index holds, in languages FTS5 alone cannot search.
+
+FTS5's tokenizer (``porter unicode61``) splits text at anything that is not
+a letter or a digit, folds case and diacritics, and stems English. Two kinds
+of language fall through it, and this module rewrites their text before the
+tokenizer sees it. The rule: ``index_text`` is applied alike to a statement
+before it enters ``claims_fts`` and to a task before it is planned
+(``core.compile.planning``), so both sides always hold the same words. Text
+in none of the scripts below comes back unchanged (the same object), so
+English, Polish, German and the rest tokenize, count and score exactly as
+they would without it.
+
+1. **Scripts written without spaces.** Chinese and Japanese put no space
+   between words and Korean glues particles to them, so a whole clause
+   (``金曜日のデプロイには二人目の承認者``) was one token and a task found a claim
+   only by repeating that clause exactly. Every maximal run of one script
+   among Han, Hiragana, Katakana and Hangul becomes its overlapping
+   character bigrams, each a word of its own (``金曜日のデプロイ`` → ``金曜 曜日 の
+   デプ プロ ロイ``; a lone character stays one word), as Lucene's CJK bigram
+   analyzer does. Runs are cut where the script changes, so no bigram
+   straddles a kanji stem and its kana ending or particle. A word written
+   only in Hiragana is mostly a particle or an ending (``の``, ``には``,
+   ``です``): ``hiragana_only`` lets the planner treat it as a function word.
+2. **Inflected languages in their own script.** Porter stems English only,
+   so ``пятницу`` never matched ``пятница``. A word in Cyrillic, Greek or
+   Arabic script is replaced by its Snowball stem (Russian, Greek and Arabic
+   rules; PyStemmer, the C build of the Snowball project's stemmers), after
+   lower-casing, in place: one word stays one word, so token counts and
+   positions are unchanged. The script picks the rules: Ukrainian or
+   Bulgarian text gets the Russian ones, Persian the Arabic ones — imperfect,
+   but the same on both sides, so it only ever merges too many forms, never
+   loses an exact match. Latin-script languages other than English cannot
+   be told apart by script and keep exact-word matching.
+
+Pure, no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import Stemmer
+
+# Han (unified ideographs, extension A, compatibility, the supplementary
+# planes' extensions, and the iteration marks 々 〆 〇), Hiragana, Katakana
+# (with the prolonged sound mark, the phonetic extensions and half-width
+# forms; the middle dot ・ is punctuation and stays out), Hangul syllables
+# and jamo. One alternative per script: a run ends where its script does.
+_HAN = "\u3005-\u3007\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
+_HIRAGANA = "\u3041-\u309f"
+_KATAKANA = "\u30a1-\u30fa\u30fc-\u30ff\u31f0-\u31ff\uff66-\uff9f"
+_HANGUL = "\u1100-\u11ff\u3130-\u318f\uac00-\ud7af"
+_CJK_RUN = re.compile(f"[{_HAN}]+|[{_HIRAGANA}]+|[{_KATAKANA}]+|[{_HANGUL}]+")
+_HIRAGANA_WORD = re.compile(f"[{_HIRAGANA}]+")
+
+# Each script's letters (and, for Arabic, its vowel marks, which the stemmer
+# normalizes away) and the Snowball rules its words get.
+_STEMMED_SCRIPTS = (
+    ("russian", "\u0400-\u0481\u048a-\u052f"),
+    ("greek", "\u0370-\u0373\u0376\u0377\u037b-\u037d\u0386\u0388-\u03ff\u1f00-\u1fff"),
+    ("arabic", "\u0620-\u065f\u066e-\u06d3\u06d5\u06fa-\u06fc\u06ff\u0750-\u077f"),
+)
+_STEMMED_WORD = re.compile("|".join(f"(?P<{language}>[{letters}]+)" for language, letters in _STEMMED_SCRIPTS))
+# A Stemmer keeps a cache and is not safe to share between threads (compile
+# runs on a thread pool): one set per thread.
+_local = threading.local()
+
+
+def _bigrams(match: re.Match) -> str:
+    run = match.group()
+    if len(run) == 1:
+        return f" {run} "
+    return " " + " ".join(run[i:i + 2] for i in range(len(run) - 1)) + " "
+
+
+def _stem(match: re.Match) -> str:
+    stemmers = getattr(_local, "stemmers", None)
+    if stemmers is None:
+        stemmers = _local.stemmers = {language: Stemmer.Stemmer(language) for language, _ in _STEMMED_SCRIPTS}
+    return stemmers[match.lastgroup].stemWord(match.group().lower())
+
+
+def index_text(text: str) -> str:
+    """``text`` with every CJK run written as space-separated bigrams and
+    every Cyrillic, Greek or Arabic word as its stem; any other text is
+    returned as it is."""
+    if _CJK_RUN.search(text):
+        text = _CJK_RUN.sub(_bigrams, text)
+    if _STEMMED_WORD.search(text):
+        text = _STEMMED_WORD.sub(_stem, text)
+    return text
+
+
+def hiragana_only(word: str) -> bool:
+    return _HIRAGANA_WORD.fullmatch(word) is not None
