@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any, Iterable
 
 from core.bodies import IDENTIFIER, Record
-from core.errors import PayloadTooLarge, ValidationError
+from core.errors import PayloadTooLarge, ValidationError, echo
 from core.instants import RANGE_TEXT, InstantOutOfRange, parse_instant
 
 MAX_BODY_BYTES = 1 << 20
@@ -141,7 +141,7 @@ class Fields:
             raise ValidationError(f"{path} must be a JSON object")
         unknown = sorted(set(obj) - set(allowed))
         if unknown:
-            raise ValidationError(f"{path}: unknown field {unknown[0]!r}")
+            raise ValidationError(f"{path}: unknown field {echo(unknown[0])!r}")
         self.obj = obj
         self.path = path
 
@@ -171,14 +171,14 @@ class Fields:
         if choices is not None:
             choices = tuple(choices)
             if v not in choices:
-                raise ValidationError(f"{self._name(name)} must be one of {', '.join(choices)}; got {v!r}")
+                raise ValidationError(f"{self._name(name)} must be one of {', '.join(choices)}; got {echo(v)!r}")
             return v
         if not v.strip():
             raise ValidationError(f"{self._name(name)} must not be empty")
         if len(v) > max_len:
             raise ValidationError(f"{self._name(name)} is {len(v)} characters; at most {max_len} are allowed")
         if pattern is not None and not pattern.fullmatch(v):
-            raise ValidationError(f"{self._name(name)} is not a valid identifier: {v[:80]!r}")
+            raise ValidationError(f"{self._name(name)} is not a valid identifier: {echo(v)!r}")
         return v
 
     def identifier(self, name: str, *, required: bool = True) -> str | None:
@@ -196,7 +196,7 @@ class Fields:
         if isinstance(v, bool) or not isinstance(v, int):
             raise ValidationError(f"{self._name(name)} must be an integer")
         if not lo <= v <= hi:
-            raise ValidationError(f"{self._name(name)} must be between {lo} and {hi}; got {v}")
+            raise ValidationError(f"{self._name(name)} must be between {lo} and {hi}; got {echo(str(v))}")
         return v
 
     def number(self, name: str, *, required: bool = True, lo: float, hi: float,
@@ -207,7 +207,7 @@ class Fields:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise ValidationError(f"{self._name(name)} must be a number")
         if not lo <= v <= hi:
-            raise ValidationError(f"{self._name(name)} must be between {lo} and {hi}; got {v}")
+            raise ValidationError(f"{self._name(name)} must be between {lo} and {hi}; got {echo(str(v))}")
         return float(v)
 
     def boolean(self, name: str, *, default: bool = False) -> bool:
@@ -229,11 +229,11 @@ class Fields:
         except InstantOutOfRange:
             raise ValidationError(
                 f"{self._name(name)} must be an instant from {RANGE_TEXT} (UTC, after its offset); "
-                f"got {v[:64]!r}") from None
+                f"got {echo(v)!r}") from None
         except ValueError:
             raise ValidationError(
                 f"{self._name(name)} must be an ISO-8601 instant with a time zone, "
-                f"e.g. 2026-07-30T12:00:00Z; got {v[:64]!r}") from None
+                f"e.g. 2026-07-30T12:00:00Z; got {echo(v)!r}") from None
 
     def object(self, name: str, allowed: "Iterable[str] | Record", *, required: bool = False) -> "Fields | None":
         v = self._get(name, required)

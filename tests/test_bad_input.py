@@ -1,6 +1,7 @@
 """Bad input gets the documented error envelope and changes nothing."""
 
 import json
+import re
 
 import pytest
 
@@ -246,3 +247,21 @@ def test_a_whole_number_written_with_a_fraction_is_an_integer(api):
     claim_id = api.observe(key, claim={"statement": "s", "kind": "procedural", "confidence": 0.9})["claim_id"]
     r = api.post(f"/v1/claims/{claim_id}/expire", {"expected_version": 1.0}, key)
     assert r.status_code == 200 and r.json()["data"]["version"] == 2
+
+
+LONG = "y" * 3000
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/context/compile", compile_body(**{LONG: 1})),                          # unknown field
+    ("/v1/observations", obs(kind=LONG)),                                        # enumerated value
+    ("/v1/observations", obs(subject_id="-" + "y" * 120)),                       # identifier
+    ("/v1/context/compile", compile_body(max_tokens=int("1" + "0" * 400))),      # integer out of range
+    ("/v1/observations", obs(visibility="team", workspace_id="w" * 128)),         # workspace not held
+], ids=["unknown-field", "enum", "identifier", "integer", "workspace"])
+def test_a_long_value_is_quoted_back_cut_to_64_characters(api, path, body):
+    r = api.post(path, body, api.key())
+    assert r.status_code in (400, 403), r.text
+    message = r.json()["error"]["message"]
+    longest = max(len(run) for run in re.findall(r"[y0w]+", message))
+    assert longest <= 64 and "…" in message, message

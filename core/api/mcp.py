@@ -250,7 +250,7 @@ class McpServer:
             raise RpcError(INVALID_PARAMS, "params must be an object", 400)
         who = principal()
         if method != "initialize" and header_version is not None and header_version not in PROTOCOL_VERSIONS:
-            raise RpcError(INVALID_REQUEST, f"unsupported MCP-Protocol-Version {header_version[:40]!r}; "
+            raise RpcError(INVALID_REQUEST, f"unsupported MCP-Protocol-Version {echo(header_version)!r}; "
                                             f"supported: {', '.join(PROTOCOL_VERSIONS)}", 400)
         if method == "initialize":
             result = {"protocolVersion": negotiate(params.get("protocolVersion")),
@@ -263,14 +263,14 @@ class McpServer:
         elif method == "tools/call":
             result = self.call_tool(who, params, request_id)
         else:
-            raise RpcError(METHOD_NOT_FOUND, f"method {method[:80]!r} is not supported by this server")
+            raise RpcError(METHOD_NOT_FOUND, f"method {echo(method)!r} is not supported by this server")
         return {"jsonrpc": "2.0", "id": msg_id, "result": result}
 
     def call_tool(self, principal: Principal, params: dict, request_id: str) -> dict:
         name = params.get("name")
         tool = TOOLS.get(name) if isinstance(name, str) else None
         if tool is None:
-            raise RpcError(INVALID_PARAMS, f"unknown tool {str(name)[:80]!r}; tools/list names them")
+            raise RpcError(INVALID_PARAMS, f"unknown tool {echo(str(name))!r}; tools/list names them")
         args = params.get("arguments")
         try:
             principal.require(tool.scope)

@@ -30,7 +30,7 @@ they would without it.
    Bulgarian text gets the Russian ones, Persian the Arabic ones — imperfect,
    but the same on both sides, so it only ever merges too many forms, never
    loses an exact match. Latin-script languages other than English cannot
-   be told apart by script and keep exact-word matching.
+   be told apart by script: they get the English rules after folding.
 
 Pure, no I/O.
 """

@@ -9,7 +9,7 @@ stores is decided here and nowhere else, so the routes, the batch route and
 from __future__ import annotations
 
 from core.bodies import OBSERVATION
-from core.errors import Forbidden, ValidationError
+from core.errors import Forbidden, ValidationError, echo
 from core.instants import canonical
 from core.keys import Principal
 from core.validation import Fields
@@ -26,7 +26,7 @@ def check_workspace(principal: Principal, visibility: str, workspace_id: str | N
     if visibility == "team" and workspace_id is None:
         raise ValidationError(f"{path}: workspace_id is required for team visibility")
     if workspace_id is not None and workspace_id not in principal.workspaces:
-        raise Forbidden(f"{path}: this key is not a member of workspace {workspace_id}")
+        raise Forbidden(f"{path}: this key is not a member of workspace {echo(workspace_id)}")
 
 
 def claim_fields(f: Fields, path: str, *, created_at: str, require_core: bool = True) -> dict:
