@@ -8,7 +8,9 @@ token, and porter stems English only, so ``пятницу`` never found
 ``пятница``."""
 
 import random
+import shutil
 
+import apsw
 import pytest
 from hypothesis import given, strategies as st
 
@@ -16,6 +18,7 @@ from core import lexical
 from core.compile.planning import plan_query
 from core.compile.retrieval import fts_candidates
 from core.lexical.words import hiragana_only, index_text
+from conftest import ALL_SCOPES
 
 
 @pytest.mark.parametrize("text, indexed", [
@@ -141,3 +144,42 @@ def test_the_candidate_index_equals_the_fts5_query_on_these_scripts(api):
         assert expected and got == expected, task
         checked += 1
     assert checked >= 3
+
+
+def _lexical_rows(path):
+    db = apsw.Connection(path)
+    rows = (list(db.execute("SELECT * FROM lex_terms ORDER BY term")),
+            list(db.execute("SELECT * FROM lex_postings ORDER BY subject_id, term, first_rowid")))
+    db.close()
+    return rows
+
+
+def test_erasing_stemmed_and_bigrammed_claims_leaves_the_candidate_index_a_whole_build_would_write(api, tmp_path):
+    """An erasure edits the candidate index with the words claims_fts holds
+    (stems, bigrams), not the statement as written: no posting of an erased
+    claim stays behind, and the index is what a whole build writes."""
+    key = api.key(scopes=ALL_SCOPES + ",memory:erase")
+    # stems keep a statement's word count, so the incremental edit is taken
+    # (a count that changed would send the build to a whole one and hide a
+    # wrong edit)
+    for statement in ("Развёртывание в пятницу требует второго утверждающего.", "Релизы по пятницам запрещены.",
+                      "Η ανάπτυξη την Παρασκευή."):
+        api.observe(key, subject_id="subj_r", claim={"statement": statement, "kind": "procedural",
+                                                     "confidence": 0.9})
+    api.observe(key, subject_id="subj_k", claim={"statement": "Деплой в пятницу разрешён.", "kind": "procedural",
+                                                 "confidence": 0.9})
+    api.rebuild(key)
+    assert api.client.delete("/v1/subjects/subj_r", headers={"authorization": key["authorization"]}).status_code == 202
+    api.rebuild(key)
+    snapshot = api.service.reader.current("acme")
+    assert snapshot.db.execute("SELECT count(*) FROM lex_postings WHERE subject_id = 'subj_r'").fetchone()[0] == 0
+    copy = str(tmp_path / "copy.sqlite")
+    shutil.copyfile(snapshot.path, copy)
+    served = _lexical_rows(copy)
+    db = apsw.Connection(copy)
+    with db:
+        lexical.build_lexical_index(db)
+    db.close()
+    assert served == _lexical_rows(copy)
+    assert [i["claim"] for i in api.compile(key, "пятница", subject_id="subj_k").json()["data"]["items"]] == [
+        "Деплой в пятницу разрешён."]

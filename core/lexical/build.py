@@ -26,6 +26,7 @@ import apsw
 from core.lexical.bm25 import (BLOCK_POSTINGS, FTS_TOKENIZER_ARGS, LEX_DDL, LEX_VERSION, TAIL_POSTINGS, TF_SHIFT,
                                read_averages, varint)
 from core.lexical.libm import LIBM_META_KEY, platform_fingerprint
+from core.lexical.words import index_text
 from core.meta_table import write_meta
 
 _INSERT = "INSERT INTO lex_postings(subject_id, term, first_rowid, n, rowids, tfdl) VALUES(?, ?, ?, ?, ?, ?)"
@@ -106,8 +107,10 @@ def build_lexical_index(db: apsw.Connection) -> dict:
 class LexicalChanges:
     """The rows a build inserted into or deleted from claims_fts, in order.
 
-    The builder records each change as it makes it; ``update_lexical_index``
-    turns them into posting-list edits."""
+    The builder records each change as it makes it, with the claim's
+    statement as written; ``update_lexical_index`` turns them into
+    posting-list edits, tokenizing what claims_fts holds of each statement
+    (``index_text``), so no caller can hand it other words than the index's."""
 
     def __init__(self, record: bool = True):
         # a build from empty writes the index whole: nothing to remember
@@ -244,7 +247,7 @@ def update_lexical_index(db: apsw.Connection, changes: LexicalChanges, progress=
     edits: dict[tuple[str, str], tuple[set[int], dict[int, int]]] = {}
     rows_delta = tokens_delta = 0
     for rowid, subject_id, statement, sign in changes.rows:
-        tokens = tokenizer(statement.encode(), apsw.FTS5_TOKENIZE_DOCUMENT, None,
+        tokens = tokenizer(index_text(statement).encode(), apsw.FTS5_TOKENIZE_DOCUMENT, None,
                            include_offsets=False, include_colocated=False)
         rows_delta += sign
         tokens_delta += sign * len(tokens)

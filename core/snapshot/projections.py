@@ -66,14 +66,13 @@ def refresh_projections(db: apsw.Connection, claim_ids: Iterable[str],
                 claim_id, statement, kind, confidence, trust, status, observer_id, valid_from, valid_to,
                 sorted({e[0] for e in evidence})))
         if should_index and not indexed:
-            text = index_text(statement)
-            db.execute("INSERT INTO claims_fts(rowid, statement) VALUES(?, ?)", (rowid, text))
+            db.execute("INSERT INTO claims_fts(rowid, statement) VALUES(?, ?)", (rowid, index_text(statement)))
             if lexical is not None:
-                lexical.inserted(rowid, subject_id, text)
+                lexical.inserted(rowid, subject_id, statement)
         elif indexed and not should_index:
             db.execute("DELETE FROM claims_fts WHERE rowid=?", (rowid,))
             if lexical is not None:
-                lexical.deleted(rowid, subject_id, index_text(statement))
+                lexical.deleted(rowid, subject_id, statement)
         pending.append((base_status, status, version, superseded_by, disputed, dispute_public, total, positive,
                         negative, json.dumps(evidence, separators=(",", ":")), should_index, prefix, rowid))
         if len(pending) >= PRICE_BATCH:
