@@ -122,7 +122,7 @@ def check_strings(value: Any, path: str) -> None:
         elif isinstance(v, dict):
             for k, item in v.items():
                 check_text(k, p)
-                stack.append((item, f"{p}.{k}"))
+                stack.append((item, f"{p}.{echo(k)}"))
         elif isinstance(v, list):
             stack.extend((item, f"{p}[{i}]") for i, item in enumerate(v))
 

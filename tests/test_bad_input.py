@@ -254,11 +254,12 @@ LONG = "y" * 3000
 
 @pytest.mark.parametrize("path, body", [
     ("/v1/context/compile", compile_body(**{LONG: 1})),                          # unknown field
+    ("/v1/observations", obs(source={"type": "tool", "ref": "r", LONG: {LONG: "\u0001"}})),  # path of keys
     ("/v1/observations", obs(kind=LONG)),                                        # enumerated value
     ("/v1/observations", obs(subject_id="-" + "y" * 120)),                       # identifier
     ("/v1/context/compile", compile_body(max_tokens=int("1" + "0" * 400))),      # integer out of range
     ("/v1/observations", obs(visibility="team", workspace_id="w" * 128)),         # workspace not held
-], ids=["unknown-field", "enum", "identifier", "integer", "workspace"])
+], ids=["unknown-field", "key-path", "enum", "identifier", "integer", "workspace"])
 def test_a_long_value_is_quoted_back_cut_to_64_characters(api, path, body):
     r = api.post(path, body, api.key())
     assert r.status_code in (400, 403), r.text

@@ -162,3 +162,44 @@ def test_the_app_itself_refuses_content_length_with_transfer_encoding(tmp_path):
     assert sent[0]["status"] == 400
     assert json.loads(sent[1]["body"])["error"]["message"].startswith("Content-Length together with")
     assert list(service.store.list_keys("orgs/acme/ledger/")) == []
+
+
+def _asgi_post(tmp_path, content_length: bytes):
+    """One POST straight into the app (as API Gateway or any server hands it
+    on): (status, error envelope, ledger keys)."""
+    import anyio
+
+    from core.api.app import create_app
+    from core.service import Service
+
+    service = Service(Settings.from_env(data_dir=str(tmp_path / "titen")))
+    key = service.keys.create("acme", "alice", ["memory:write"], [])["api_key"]
+    sent = []
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/v1/observations", "raw_path": b"/v1/observations", "query_string": b"",
+             "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+             "headers": [(b"authorization", f"Bearer {key}".encode()), (b"content-length", content_length),
+                         (b"content-type", b"application/json")]}
+
+    async def receive():
+        return {"type": "http.request", "body": OBS, "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    anyio.run(create_app(service), scope, receive, send)
+    return sent[0]["status"], json.loads(sent[1]["body"]), list(service.store.list_keys("orgs/acme/ledger/"))
+
+
+@pytest.mark.parametrize("zeros", [0, 6000])
+def test_a_content_length_of_thousands_of_digits_is_a_413_quoting_at_most_64(tmp_path, zeros):
+    status, body, ledger = _asgi_post(tmp_path, b"0" * zeros + b"9" * 5000)
+    assert status == 413 and body["error"]["code"] == "PAYLOAD_TOO_LARGE"
+    assert len(body["error"]["message"]) < 160 and "…" in body["error"]["message"]
+    assert ledger == []
+
+
+def test_a_content_length_in_non_ascii_digits_is_a_400(tmp_path):
+    status, body, ledger = _asgi_post(tmp_path, "²".encode("latin-1"))
+    assert status == 400 and body["error"]["message"] == "Content-Length must be a decimal number of bytes"
+    assert ledger == []

@@ -30,3 +30,8 @@ def test_no_searchable_term_gives_no_match():
 
 def test_terms_are_case_folded_and_deduplicated():
     assert plan_query("Deploy DEPLOY deploy").terms == ("deploy",)
+
+
+def test_words_are_lower_cased_as_the_index_folds_case_not_case_folded():
+    # casefold would write ß as ss; the index keeps straße
+    assert plan_query("Straße DEPLOY").terms == ("straße", "deploy")

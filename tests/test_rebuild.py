@@ -186,6 +186,21 @@ def test_a_snapshot_of_another_schema_version_is_replayed_not_extended(store, tm
     assert _claim_ids(store, tmp_path) == ids
 
 
+def test_a_snapshot_indexed_with_other_word_rules_is_replayed_not_extended(store, tmp_path, monkeypatch):
+    """Another stemmer (or other bigram rules) made the words its claims_fts
+    holds: edited incrementally, postings would be taken out under other
+    words than they were put in under."""
+    import core.snapshot.build
+    ids = {_write(store, "acme", f"fact {i}") for i in range(4)}
+    _builder(store, tmp_path).rebuild()
+    monkeypatch.setattr(core.snapshot.build, "WORDS_ID", "words-0 another stemmer")
+    builder = _builder(store, tmp_path)
+    result = builder.rebuild(force=True)
+    assert result.entries_applied == 4 and result.generation == 2
+    assert any("indexed words with other rules" in note for note in result.notes)
+    assert _claim_ids(store, tmp_path) == ids
+
+
 def test_a_reader_refuses_a_generation_of_another_schema_version(store, tmp_path, monkeypatch):
     import core.snapshot.reader
     from core.snapshot.reader import SnapshotReader

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from core.budget.items import dumps
-from core.errors import PayloadTooLarge, RequestTimeout, TitenError, ValidationError
+from core.errors import PayloadTooLarge, RequestTimeout, TitenError, ValidationError, echo
 from core.observe.request_line import note_error
 from core.validation import MAX_BODY_BYTES, parse_json_body
 
@@ -62,10 +62,12 @@ async def read_raw(request: Request, timeout: float = 10.0) -> bytes:
     length = request.headers.get("content-length")
     if length is not None and "transfer-encoding" in request.headers:
         raise ValidationError("Content-Length together with Transfer-Encoding is refused")
-    if length is not None and not length.isdigit():
+    if length is not None and not (length.isascii() and length.isdigit()):
         raise ValidationError("Content-Length must be a decimal number of bytes")
-    if length and int(length) > MAX_BODY_BYTES:
-        raise PayloadTooLarge(f"request body is {length} bytes; the limit is {MAX_BODY_BYTES} (1 MiB)")
+    # compared as text first: int() of a string of more than 4,300 digits raises
+    digits = (length or "").lstrip("0")
+    if len(digits) > len(str(MAX_BODY_BYTES)) or (digits and int(digits) > MAX_BODY_BYTES):
+        raise PayloadTooLarge(f"request body is {echo(digits)} bytes; the limit is {MAX_BODY_BYTES} (1 MiB)")
     chunks, size = [], 0
     try:
         with anyio.fail_after(timeout):

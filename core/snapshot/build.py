@@ -44,6 +44,7 @@ from typing import Callable
 import apsw
 
 from core.budget.tokens import TOKENIZER_ID
+from core.lexical.words import WORDS_ID
 from core.ids import uuid7_floor_hex, uuid7_ms
 from core.instants import canonical, now_utc
 from core.layout import RUN_SUFFIX, entry_hex_of, ledger_prefix
@@ -303,6 +304,13 @@ class SnapshotBuilder:
                                  "another tokenizer")
             os.unlink(work)
             pointer = None
+        if pointer is not None and file_meta(work, "index_words") != WORDS_ID:
+            # Its claims_fts holds words made by other rules or another
+            # stemmer: an incremental edit would tokenize other words than
+            # it holds (and leave erased ones behind), so replay.
+            self._replay_because(f"previous generation {pointer['generation']} indexed words with other rules")
+            os.unlink(work)
+            pointer = None
         if pointer is not None:  # as published: entering WAL mode rewrites the header page
             with open(work, "rb") as f:
                 self._base_page1 = f.read(base.page_size)
@@ -312,7 +320,7 @@ class SnapshotBuilder:
             with db:
                 db.execute(DDL)
                 write_meta(db, org_id=self.org_id, schema_version=SCHEMA_VERSION, watermark="",
-                           item_tokenizer=TOKENIZER_ID)
+                           item_tokenizer=TOKENIZER_ID, index_words=WORDS_ID)
         else:
             # the base file stays as published until the checkpoint: every
             # change is a WAL frame (core/snapshot/wal.py); the WAL index in

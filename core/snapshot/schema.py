@@ -18,11 +18,11 @@ revoked claims are deleted from it, so they never count in BM25 statistics.
 
 from core.lexical import FTS_DDL
 
-# Bump on any change to DDL, or to what a table holds (5: claims_fts holds
+# Bump on any change to DDL, or to what a table holds (6: claims_fts holds
 # statements with CJK runs as bigrams and Cyrillic, Greek and Arabic words
 # stemmed, core.lexical.words): older
 # snapshots are then replayed, never served.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 DDL = """
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from core.bodies import CLAIM_SOURCE, CONSOLIDATED_CLAIM, CONSOLIDATION
 from core.domain import TRUST_LEVELS, VISIBILITY_RANK, narrowest_visibility, strongest_trust
-from core.errors import NotFound, ValidationError
+from core.errors import NotFound, ValidationError, echo
 from core.ids import entry_of, minted_at, parse_id, record_hex
 from core.keys import Principal
 from core.scope import can_read
@@ -82,7 +82,7 @@ class ConsolidationWrites(WriteDesk):
                 narrowest = "private"
             final_visibility = visibility or narrowest
             if VISIBILITY_RANK[final_visibility] > VISIBILITY_RANK[narrowest]:
-                detail = (f"team evidence spans workspaces {', '.join(sorted(team_workspaces))}"
+                detail = (f"team evidence spans workspaces {', '.join(echo(w) for w in sorted(team_workspaces))}"
                           if len(team_workspaces) > 1 else f"its evidence allows at most {narrowest}")
                 raise ValidationError(f"{path}.visibility {final_visibility} is wider than its evidence: {detail}")
             if final_visibility == "team":
