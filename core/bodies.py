@@ -25,6 +25,8 @@ from core.domain import (CLAIM_KINDS, FEEDBACK_OUTCOMES, MAX_TASK_CHARS, OBSERVA
                          VISIBILITY_RANK)
 
 IDENTIFIER_MAX = 128
+
+
 def identifier_pattern(max_len: int) -> re.Pattern:
     """An identifier (letters, digits, '_.:@-', starting with a letter or
     digit) of at most ``max_len`` characters, so a schema's pattern and its

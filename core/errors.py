@@ -70,9 +70,10 @@ def echo(value: str) -> str:
 def printable(value: str) -> str:
     """A value from a URL path as a message may show it: every character
     ``str.isprintable`` refuses (controls, bidi overrides, line breaks) as a
-    ``\\u`` escape of four hex digits (``\\U`` and eight beyond U+FFFF). A body's text with such characters is refused before
-    anything quotes it; a path is quoted back in ``NOT_FOUND``, so it is
-    escaped instead: a message never carries what a body may not."""
+    ``\\u`` escape of four hex digits (``\\U`` and eight beyond U+FFFF). A
+    body's text with such characters is refused before anything quotes it;
+    a path is quoted back in ``NOT_FOUND``, so it is escaped instead: a
+    message never carries what a body may not."""
     if value.isprintable():
         return value
     return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}"

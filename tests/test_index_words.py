@@ -16,7 +16,8 @@ from hypothesis import given, strategies as st
 
 from core import lexical
 from core.compile.planning import plan_query
-from core.compile.retrieval import fts_candidates
+from core.compile.retrieval import CompileScope, fts_candidates
+from core.keys import Principal
 from core.lexical.words import hiragana_only, index_text
 from conftest import ALL_SCOPES
 
@@ -128,8 +129,6 @@ def test_the_candidate_index_equals_the_fts5_query_on_these_scripts(api):
                                                      "confidence": 0.9})
     api.rebuild(key)
     snapshot = api.service.reader.current("acme")
-    from core.compile.retrieval import CompileScope
-    from core.keys import Principal
     scope = CompileScope(Principal("acme", "p", "key", frozenset({"context:compile"}), ()), "user_rama", None,
                          "2100-01-01T00:00:00.000000Z")
     where, params = scope.where()
@@ -154,9 +153,9 @@ def _lexical_rows(path):
     return rows
 
 
-def test_erasing_stemmed_and_bigrammed_claims_leaves_the_candidate_index_a_whole_build_would_write(api, tmp_path):
+def test_erasing_stemmed_claims_leaves_the_candidate_index_a_whole_build_would_write(api, tmp_path):
     """An erasure edits the candidate index with the words claims_fts holds
-    (stems, bigrams), not the statement as written: no posting of an erased
+    (here stems), not the statement as written: no posting of an erased
     claim stays behind, and the index is what a whole build writes."""
     key = api.key(scopes=ALL_SCOPES + ",memory:erase")
     # stems keep a statement's word count, so the incremental edit is taken

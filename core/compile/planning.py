@@ -3,11 +3,12 @@
 Pure, no I/O. The task is first rewritten as statements are when they are
 indexed (``core.lexical.words``: CJK runs as bigrams, Cyrillic, Greek and
 Arabic words as stems), then split into words the way FTS5's unicode61
-tokenizer splits text (runs of letters and digits), lower-cased as the tokenizer folds case (not ``casefold``,
-which writes ß as ss where the index keeps ß), function
-words (and words written only in Hiragana, mostly particles) dropped unless
-nothing else is left, deduplicated in order, and capped at 16 terms. Each term is emitted as a double-quoted FTS5 string and the
-terms are OR-ed, so operators typed into a task (``NEAR``, ``AND``, ``*``,
+tokenizer splits text (runs of letters and digits), lower-cased as the
+tokenizer folds case (not ``casefold``, which writes ß as ss where the
+index keeps ß), function words (and words written only in Hiragana, mostly
+particles) dropped unless nothing else is left, deduplicated in order, and
+capped at 16 terms. Each term is emitted as a double-quoted FTS5 string and
+the terms are OR-ed, so operators typed into a task (``NEAR``, ``AND``, ``*``,
 ``^``, ``col:``, quotes, parentheses) are searched as words or dropped as
 punctuation — never executed.
 """

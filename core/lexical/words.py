@@ -27,8 +27,9 @@ BM25's average length is the organization's).
    Arabic script is replaced by its Snowball stem (Russian, Greek and Arabic
    rules; PyStemmer, the C build of the Snowball project's stemmers), after
    lower-casing, in place: one word stays one word (or none: an Arabic
-   tatweel or vowel mark standing alone has no stem). The script picks the rules: Ukrainian or
-   Bulgarian text gets the Russian ones, Persian the Arabic ones — imperfect,
+   tatweel or vowel mark standing alone has no stem). The script picks the
+   rules: Ukrainian or Bulgarian text gets the Russian ones, Persian the
+   Arabic ones — imperfect,
    but the same on both sides, so it only ever merges too many forms, never
    loses an exact match. Latin-script languages other than English cannot
    be told apart by script: they get the English rules after folding.

@@ -20,8 +20,8 @@ from core.lexical import FTS_DDL
 
 # Bump on any change to DDL, or to what a table holds (6: claims_fts holds
 # statements with CJK runs as bigrams and Cyrillic, Greek and Arabic words
-# stemmed, core.lexical.words): older
-# snapshots are then replayed, never served.
+# stemmed, core.lexical.words): older snapshots are then replayed, never
+# served.
 SCHEMA_VERSION = 6
 
 DDL = """
