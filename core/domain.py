@@ -29,5 +29,15 @@ def strongest_trust(trusts: list[str]) -> str:
     return max(trusts, key=TRUST_LEVELS.__getitem__)
 
 
+def capped_trust(trust: str, support_trusts: list[str]) -> str:
+    """A claim's trust once evidence is taken from it (an erasure): never above
+    the strongest supporting evidence that remains, ``unverified`` when none
+    of it can be read."""
+    cap = max((TRUST_LEVELS[t] for t in support_trusts), default=0)
+    if TRUST_LEVELS[trust] <= cap:
+        return trust
+    return next(name for name, level in TRUST_LEVELS.items() if level == cap)
+
+
 def narrowest_visibility(visibilities: list[str]) -> str:
     return min(visibilities, key=VISIBILITY_RANK.__getitem__)

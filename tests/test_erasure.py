@@ -266,6 +266,68 @@ def test_erasing_an_observation_erases_the_claims_it_alone_supports_and_caps_the
     assert survivor["trust"] == "unverified"  # its strongest remaining support
 
 
+def from_scratch_agrees(world, incremental: dict) -> bool:
+    replayed = SnapshotBuilder(world["store"], "acme", work_dir=str(world["tmp"] / "replay")).rebuild(
+        from_scratch=True)
+    return replayed.content_hash == incremental["content_hash"]
+
+
+def test_an_erased_observation_id_is_left_in_no_claim_that_cited_it(world):
+    api, key = world["api"], world["key"]
+    kept = api.observe(key, subject_id="subj_w", content="Kept evidence.", trust="asserted")
+    gone = api.observe(key, subject_id="subj_w", content="Evidence to forget.", trust="verified")
+    both = api.post("/v1/consolidations", {"subject_id": "subj_w", "claims": [
+        {"statement": "Supported twice.", "kind": "semantic_fact", "confidence": 0.9,
+         "sources": [{"observation_id": kept["observation_id"], "relation": "supports"},
+                     {"observation_id": gone["observation_id"], "relation": "supports"}]},
+        {"statement": "Supported once, disputed by the erased one.", "kind": "semantic_fact", "confidence": 0.9,
+         "sources": [{"observation_id": kept["observation_id"], "relation": "supports"},
+                     {"observation_id": gone["observation_id"], "relation": "contradicts"}]}]}, key)
+    twice, disputed = both.json()["data"]["claim_ids"]
+    api.rebuild(key)
+    erase(world, f"/v1/observations/{gone['observation_id']}")
+    incremental = api.rebuild(key)
+    assert found(world, [gone["observation_id"]]) == []
+    for claim_id in (twice, disputed):
+        evidence = api.get(f"/v1/claims/{claim_id}/evidence", key).json()["data"]
+        assert [e["observation_id"] for e in evidence["evidence"]] == [kept["observation_id"]]
+        assert evidence["claim"]["trust"] == "asserted" and evidence["claim"]["status"] == "active"
+    assert from_scratch_agrees(world, incremental)
+
+
+def test_a_claim_citing_only_evidence_whose_erasure_is_pending_goes_with_it(world):
+    api, key = world["api"], world["key"]
+    gone = api.observe(key, subject_id="subj_x", content="Evidence to forget.")
+    api.rebuild(key)
+    erase(world, f"/v1/observations/{gone['observation_id']}")
+    late = api.post("/v1/consolidations", {"subject_id": "subj_x", "claims": [
+        {"statement": "Written while the erasure was pending.", "kind": "semantic_fact", "confidence": 0.9,
+         "sources": [{"observation_id": gone["observation_id"], "relation": "supports"}]}]}, key)
+    assert late.status_code == 201, late.text
+    incremental = api.rebuild(key)
+    assert api.get(f"/v1/claims/{late.json()['data']['claim_ids'][0]}/evidence", key).status_code == 404
+    assert api.compile(key, "pending erasure", subject_id="subj_x").json()["data"]["items"] == []
+    assert found(world, [gone["observation_id"], "written while the erasure"]) == []
+    assert from_scratch_agrees(world, incremental)
+
+
+def test_a_claim_about_the_subject_written_after_its_erasure_keeps_only_its_later_evidence(world):
+    api, key = world["api"], world["key"]
+    old = world["s_obs"][1]["observation_id"]
+    erase(world, "/v1/subjects/subj_s")
+    new = api.observe(key, subject_id="subj_s", content="Written after the erasure.")
+    late = api.post("/v1/consolidations", {"subject_id": "subj_s", "claims": [
+        {"statement": "A later claim on old and new evidence.", "kind": "semantic_fact", "confidence": 0.9,
+         "sources": [{"observation_id": old, "relation": "supports"},
+                     {"observation_id": new["observation_id"], "relation": "supports"}]}]}, key)
+    assert late.status_code == 201, late.text
+    incremental = api.rebuild(key)
+    evidence = api.get(f"/v1/claims/{late.json()['data']['claim_ids'][0]}/evidence", key).json()["data"]
+    assert [e["observation_id"] for e in evidence["evidence"]] == [new["observation_id"]]
+    assert found(world, [old]) == []
+    assert from_scratch_agrees(world, incremental)
+
+
 # -- scope ----------------------------------------------------------------------------
 
 def test_a_key_without_memory_erase_is_forbidden_on_every_erasure_route(world):

@@ -32,6 +32,7 @@ from typing import Callable, Iterable
 
 import apsw
 
+from core.domain import capped_trust
 from core.erasure.records import target_sha256
 from core.ids import entry_of, parse_id, subject_tag, tag_of, uuid7_floor_hex, uuid7_ms
 from core.layout import RUN_SUFFIX, claim_head_key, entry_hex_of, entry_key, ledger_prefix
@@ -79,16 +80,23 @@ class Target:
             return False
         return self.names(obs["subject_id"] if self.kind == "subject" else obs["observation_id"])
 
+    def erases_observation(self, observation_id: str) -> bool:
+        """One of the observations this erasure takes: found so far, or (for
+        an observation) named by its hash."""
+        if observation_id in self.observations:
+            return True
+        return self.kind == "observation" and self.before(observation_id) and self.names(observation_id)
+
     def drops_claim(self, claim: dict) -> bool:
-        """A claim of the subject, or one the erased observation alone supports."""
+        """A claim of the subject, or one whose every supporting observation
+        this erasure takes — whenever it was written: a claim written after
+        the erasure was asked that cites only erased evidence goes too."""
         if claim["claim_id"] in self.claims:
             return True
-        if not self.before(claim["claim_id"]):
-            return False
-        if self.kind == "subject":
-            return self.names(claim["subject_id"])
-        supports = {s["observation_id"] for s in claim["sources"] if s["relation"] == "supports"}
-        return bool(supports) and all(o in self.observations or self.names(o) for o in supports)
+        if self.kind == "subject" and self.before(claim["claim_id"]) and self.names(claim["subject_id"]):
+            return True
+        supports = [s["observation_id"] for s in claim["sources"] if s["relation"] == "supports"]
+        return bool(supports) and all(self.erases_observation(o) for o in supports)
 
 
 @dataclass
@@ -107,10 +115,13 @@ def stub(entry: dict, erasure_id: str) -> dict:
     return {"entry_id": entry["entry_id"], "type": ERASED, "org_id": entry.get("org_id"), "erasure_id": erasure_id}
 
 
-def rewrite(entry: dict, target: Target) -> dict | None:
+def rewrite(entry: dict, target: Target, trust_of: Callable[[str], str | None] = lambda _: None) -> dict | None:
     """The entry without what ``target`` erases: a stub when nothing is
     left, None when the entry holds none of it. Records it drops are added
-    to ``target`` (so later entries see the claims found here)."""
+    to ``target`` (so later entries see the claims found here). A claim it
+    keeps loses its citations of erased observations, and its trust is
+    capped by the supporting evidence left (``trust_of`` an observation id:
+    its trust, None when unknown), as the snapshot caps it."""
     kind = entry.get("type")
     if kind == "observation":
         obs = entry["observation"]
@@ -119,7 +130,7 @@ def rewrite(entry: dict, target: Target) -> dict | None:
             target.subject_id = target.subject_id or obs["subject_id"]
             target.claims.update(c["claim_id"] for c in entry.get("claims", []))
             return stub(entry, target.erasure_id)
-        return _without_claims(entry, "claims", target)
+        return _without_claims(entry, target, trust_of)
     if kind == "batch":
         keep, dropped = [], []
         for i, obs in enumerate(entry["observations"]):
@@ -128,9 +139,8 @@ def rewrite(entry: dict, target: Target) -> dict | None:
             obs = entry["observations"][i]
             target.observations.add(obs["observation_id"])
             target.subject_id = target.subject_id or obs["subject_id"]
-        claims = [c for c in entry["claims"] if not target.drops_claim(c)]
-        target.claims.update(c["claim_id"] for c in entry["claims"] if target.drops_claim(c))
-        if not dropped and len(claims) == len(entry["claims"]):
+        claims = _kept_claims(entry["claims"], target, trust_of)
+        if not dropped and claims == entry["claims"]:
             return None
         if not keep:
             return stub(entry, target.erasure_id)
@@ -142,13 +152,16 @@ def rewrite(entry: dict, target: Target) -> dict | None:
             out["idempotency"] = _answer_without(entry["idempotency"], erased_ids)
         return out
     if kind == "consolidation":
-        return _without_claims(entry, "claims", target)
+        return _without_claims(entry, target, trust_of)
     if kind == "transition":
         new_claim = entry.get("new_claim")
         if entry["claim_id"] in target.claims or (new_claim and target.drops_claim(new_claim)):
             if new_claim:
                 target.claims.add(new_claim["claim_id"])
             return stub(entry, target.erasure_id)
+        if new_claim:
+            kept = _without_erased_evidence(new_claim, target, trust_of)
+            return dict(entry, new_claim=kept) if kept is not new_claim else None
         return None
     if kind == "feedback":
         if entry.get("claim_id") in target.claims or entry.get("context_id") in target.runs:
@@ -157,17 +170,36 @@ def rewrite(entry: dict, target: Target) -> dict | None:
     return None
 
 
-def _without_claims(entry: dict, field_name: str, target: Target) -> dict | None:
-    claims = entry.get(field_name, [])
-    dropped = [c for c in claims if target.drops_claim(c)]
-    if not dropped:
+def _kept_claims(claims: list[dict], target: Target, trust_of: Callable[[str], str | None]) -> list[dict]:
+    """The claims ``target`` does not drop, without their erased evidence;
+    the dropped ones are added to ``target.claims``."""
+    kept = []
+    for claim in claims:
+        if target.drops_claim(claim):
+            target.claims.add(claim["claim_id"])
+        else:
+            kept.append(_without_erased_evidence(claim, target, trust_of))
+    return kept
+
+
+def _without_erased_evidence(claim: dict, target: Target, trust_of: Callable[[str], str | None]) -> dict:
+    """The claim itself when it cites nothing erased; else a copy citing
+    only what is left, its trust capped by the supporting evidence left."""
+    sources = [s for s in claim["sources"] if not target.erases_observation(s["observation_id"])]
+    if len(sources) == len(claim["sources"]):
+        return claim
+    supports = [trust_of(s["observation_id"]) for s in sources if s["relation"] == "supports"]
+    return dict(claim, sources=sources, trust=capped_trust(claim["trust"], [t for t in supports if t]))
+
+
+def _without_claims(entry: dict, target: Target, trust_of: Callable[[str], str | None]) -> dict | None:
+    claims = entry.get("claims", [])
+    kept = _kept_claims(claims, target, trust_of)
+    if kept == claims:
         return None
-    target.claims.update(c["claim_id"] for c in dropped)
-    kept = [c for c in claims if not target.drops_claim(c)]
     if not kept and entry["type"] == "consolidation":
         return stub(entry, target.erasure_id)
-    out = dict(entry, **{field_name: kept})
-    return out
+    return dict(entry, claims=kept)
 
 
 def _answer_without(answer: dict, erased_ids: set[str]) -> dict:
@@ -208,7 +240,7 @@ class LedgerPurge:
                 if found is None:
                     continue
                 key, etag, entry = found
-                new = rewrite(entry, target)
+                new = rewrite(entry, target, self._trust_of)
                 if new is not None:
                     writes.append((key, etag, new))
                     self._count(entry, new, target)
@@ -253,13 +285,19 @@ class LedgerPurge:
                 (target.target_id, "obs_" + limit))]
             claims = db.execute("SELECT claim_id, entry_id FROM claims WHERE subject_id = ? AND claim_id < ?",
                                 (target.target_id, "claim_" + limit)).fetchall()
+            # claims written since the erasure was asked, citing what it takes
+            entries.update(e for e, in db.execute(
+                "SELECT DISTINCT c.entry_id FROM claim_sources s JOIN claims c USING(claim_id)"
+                " WHERE c.subject_id = ? AND c.claim_id >= ? AND s.observation_id < ?",
+                (target.target_id, "claim_" + limit, "obs_" + limit)))
         else:
             observations = [target.target_id]
             entries.add(entry_of(target.target_id[len("obs_"):]))
             claims = []
             for claim_id, entry_id in db.execute(
                     "SELECT c.claim_id, c.entry_id FROM claim_sources s JOIN claims c USING(claim_id)"
-                    " WHERE s.observation_id = ? AND c.claim_id < ?", (target.target_id, "claim_" + limit)):
+                    " WHERE s.observation_id = ?", (target.target_id,)):
+                entries.add(entry_id)  # every claim citing it loses the citation
                 others = db.execute("SELECT count(*) FROM claim_sources WHERE claim_id = ? AND relation = 'supports'"
                                     " AND observation_id != ?", (claim_id, target.target_id)).fetchone()[0]
                 if others == 0:  # it alone supports the claim: the claim goes too
@@ -280,6 +318,18 @@ class LedgerPurge:
         return entries
 
     # -- rewriting -------------------------------------------------------------------
+
+    def _trust_of(self, observation_id: str) -> str | None:
+        """An observation's trust, read from its ledger entry; None when it
+        is not there (erased, or never written)."""
+        hex_ = parse_id(observation_id, "obs")
+        found = self._read(entry_key(self.org_id, entry_of(hex_))) if hex_ else None
+        if found is None:
+            return None
+        entry = found[2]
+        observations = ([entry["observation"]] if entry.get("type") == "observation"
+                        else entry.get("observations", []) if entry.get("type") == "batch" else [])
+        return next((o["trust"] for o in observations if o["observation_id"] == observation_id), None)
 
     def _read(self, key: str) -> tuple[str, str, dict] | None:
         """(key, ETag, entry) of a ledger key, through a moved stub to the key

@@ -12,6 +12,11 @@ application deletes, among records created before the erasure:
   that remains (their visibility needs nothing: it was never wider than the
   narrowest evidence, and removing evidence only widens that bound).
 
+A claim written after the erasure was asked is kept, but never its citation
+of an erased observation (``_unlink``), and it goes if that was all its
+support: it cited evidence already being erased, and no claim is served
+without evidence.
+
 The erasure is recorded in the ``erasures`` table and stays a standing rule:
 a record it names that arrives later (a late entry, or a ledger object
 restored from a backup made before the erasure) is never applied again
@@ -27,7 +32,7 @@ from dataclasses import dataclass
 
 import apsw
 
-from core.domain import TRUST_LEVELS
+from core.domain import TRUST_LEVELS, capped_trust
 from core.erasure.records import target_sha256
 from core.lexical import LexicalChanges
 from core.scope import can_read
@@ -104,9 +109,11 @@ class Erasures:
             named = any(o["observation_id"][len("obs_"):] < limit and self._names(target, sha, o["subject_id"],
                                                                                 o["observation_id"])
                         for o in observations)
-            named = named or any(c["claim_id"][len("claim_"):] < limit and (
-                self._names(target, sha, c["subject_id"], None)
-                or any(self._names(target, sha, c["subject_id"], s["observation_id"]) for s in c["sources"]))
+            # a claim named itself, or one (of any age) citing evidence the erasure took
+            named = named or any(
+                (c["claim_id"][len("claim_"):] < limit and self._names(target, sha, c["subject_id"], None))
+                or any(s["observation_id"][len("obs_"):] < limit
+                       and self._names(target, sha, c["subject_id"], s["observation_id"]) for s in c["sources"])
                 for c in claims)
             if named:
                 self._erase(erasure_id, target, sha, touched, lexical)
@@ -132,6 +139,13 @@ class Erasures:
                 self._deleted_observations(
                     "DELETE FROM observations WHERE subject_id = ? AND observation_id < ?"
                     " RETURNING visibility, workspace_id, owner_id", (subject_id, "obs_" + limit))
+                # a claim about the subject written after the erasure was asked
+                # is kept, but not its citations of the erased observations
+                for observation_id, in db.execute(
+                        "SELECT DISTINCT s.observation_id FROM claim_sources s JOIN claims c USING(claim_id)"
+                        " WHERE c.subject_id = ? AND s.observation_id < ?",
+                        (subject_id, "obs_" + limit)).fetchall():
+                    self._unlink(observation_id, touched, lexical)
             return
         # one observation: it is found by hash among the observations and the sources that cite it
         ids = {o for o, in db.execute("SELECT observation_id FROM observations"
@@ -140,30 +154,37 @@ class Erasures:
             self._deleted_observations(
                 "DELETE FROM observations WHERE observation_id = ? RETURNING visibility, workspace_id, owner_id",
                 (observation_id,))
-            citing = [c for c, in db.execute("SELECT DISTINCT claim_id FROM claim_sources WHERE observation_id = ?",
-                                             (observation_id,)).fetchall()]
-            for claim_id in citing:
-                others = db.execute("SELECT count(*) FROM claim_sources WHERE claim_id = ? AND relation = 'supports'"
-                                    " AND observation_id != ?", (claim_id, observation_id)).fetchone()[0]
-                if others == 0:
-                    self._delete_claim(claim_id, lexical)
-                    continue
-                db.execute("DELETE FROM claim_sources WHERE claim_id = ? AND observation_id = ?",
-                           (claim_id, observation_id))
-                self._cap_trust(claim_id)
-                touched.add(claim_id)
+            self._unlink(observation_id, touched, lexical)
+
+    def _unlink(self, observation_id: str, touched: set[str], lexical: LexicalChanges) -> None:
+        """An erased observation leaves the evidence of every claim citing it,
+        whenever the claim was written: a claim it alone supports goes (no
+        claim is served without evidence), the others are capped again."""
+        db = self.db
+        citing = [c for c, in db.execute("SELECT DISTINCT claim_id FROM claim_sources WHERE observation_id = ?",
+                                         (observation_id,)).fetchall()]
+        for claim_id in citing:
+            others = db.execute("SELECT count(*) FROM claim_sources WHERE claim_id = ? AND relation = 'supports'"
+                                " AND observation_id != ?", (claim_id, observation_id)).fetchone()[0]
+            if others == 0:
+                self._delete_claim(claim_id, lexical)
+                continue
+            db.execute("DELETE FROM claim_sources WHERE claim_id = ? AND observation_id = ?",
+                       (claim_id, observation_id))
+            self._cap_trust(claim_id)
+            touched.add(claim_id)
 
     def _cap_trust(self, claim_id: str) -> None:
         """A claim's trust never exceeds its strongest remaining supporting evidence."""
         db = self.db
-        levels = [TRUST_LEVELS[t] for t, in db.execute(
+        supports = [t for t, in db.execute(
             "SELECT o.trust FROM claim_sources s JOIN observations o USING(observation_id)"
             " WHERE s.claim_id = ? AND s.relation = 'supports'", (claim_id,))]
-        trust, level = db.execute("SELECT trust, trust_level FROM claims WHERE claim_id = ?", (claim_id,)).fetchone()
-        cap = max(levels) if levels else 0
-        if level > cap:
-            name = next(name for name, lv in TRUST_LEVELS.items() if lv == cap)
-            db.execute("UPDATE claims SET trust = ?, trust_level = ? WHERE claim_id = ?", (name, cap, claim_id))
+        trust, = db.execute("SELECT trust FROM claims WHERE claim_id = ?", (claim_id,)).fetchone()
+        capped = capped_trust(trust, supports)
+        if capped != trust:
+            db.execute("UPDATE claims SET trust = ?, trust_level = ? WHERE claim_id = ?",
+                       (capped, TRUST_LEVELS[capped], claim_id))
 
     def _delete_claim(self, claim_id: str, lexical: LexicalChanges) -> None:
         db = self.db
