@@ -130,7 +130,7 @@ def mcp_endpoint(service: Service):
             return mcp_error(500, rpc_error(message_id(message), SERVER_ERROR, f"internal error; quote request id "
                                             f"{request_id}", {"code": "INTERNAL"}), request_id)
         if answer is None:
-            return Response(status_code=202, headers={"x-request-id": request_id})
+            return Response(status_code=202, headers={"x-request-id": request_id, "cache-control": "no-store"})
         return json_response(200, dumps(answer), request_id)
     return run
 

@@ -99,6 +99,11 @@ class Tool:
                                 "destructiveHint": self.destructive, "openWorldHint": False}}
 
 
+# A tool's arguments are its route's body, and its errors carry the route's
+# messages word for word (docs/api.md §13): a field is named ``body.<field>``.
+BODY = "body"
+
+
 def _write(service, principal: Principal, route: str, body: dict, params: dict | None = None) -> ToolAnswer:
     """A write through ``Service.write``, exactly as its route runs it (no Idempotency-Key)."""
     return ToolAnswer(dumps(service.write(principal, route, params or {}, body, None).data))
@@ -120,18 +125,18 @@ def _compile(service, principal: Principal, args: dict) -> ToolAnswer:
 
 def _feedback(service, principal: Principal, args: dict) -> ToolAnswer:
     body = dict(args)
-    context_id = Fields(body, "arguments", FEEDBACK_ARGUMENTS).take("context_id")
+    context_id = Fields(body, BODY, FEEDBACK_ARGUMENTS).take("context_id")
     del body["context_id"]
     return _write(service, principal, "POST /v1/context/{context_id}/feedback", body, {"context_id": context_id})
 
 
 def _forget(service, principal: Principal, args: dict) -> ToolAnswer:
-    subject_id = Fields(args, "arguments", FORGET_ARGUMENTS).take("subject_id")
+    subject_id = Fields(args, BODY, FORGET_ARGUMENTS).take("subject_id")
     return ToolAnswer(dumps(service.erasures.erase_subject(principal, subject_id)))
 
 
 def _evidence(service, principal: Principal, args: dict) -> ToolAnswer:
-    claim_id = Fields(args, "arguments", EVIDENCE_ARGUMENTS).take("claim_id")
+    claim_id = Fields(args, BODY, EVIDENCE_ARGUMENTS).take("claim_id")
     data, _meta = claim_evidence(service.reader, principal, claim_id)
     return ToolAnswer(dumps(data))
 
@@ -236,6 +241,7 @@ class McpServer:
                 return None  # a response to a server request; this server sends none
             if isinstance(method, str):
                 principal()  # a notification is acknowledged only for a valid key
+                self._check_version(header_version)
                 return None
             raise RpcError(INVALID_REQUEST, "a JSON-RPC message needs a method", 400)
         msg_id = message["id"]
@@ -249,9 +255,8 @@ class McpServer:
         if not isinstance(params, dict):
             raise RpcError(INVALID_PARAMS, "params must be an object", 400)
         who = principal()
-        if method != "initialize" and header_version is not None and header_version not in PROTOCOL_VERSIONS:
-            raise RpcError(INVALID_REQUEST, f"unsupported MCP-Protocol-Version {echo(header_version)!r}; "
-                                            f"supported: {', '.join(PROTOCOL_VERSIONS)}", 400)
+        if method != "initialize":
+            self._check_version(header_version)
         if method == "initialize":
             result = {"protocolVersion": negotiate(params.get("protocolVersion")),
                       "capabilities": {"tools": {"listChanged": False}},
@@ -259,6 +264,8 @@ class McpServer:
         elif method == "ping":
             result = {}
         elif method == "tools/list":
+            if params.get("cursor") is not None:  # one page, so no cursor was ever handed out
+                raise RpcError(INVALID_PARAMS, "invalid cursor: tools/list answers in one page, without nextCursor")
             result = {"tools": [t.listing() for t in TOOLS.values()]}
         elif method == "tools/call":
             result = self.call_tool(who, params, request_id)
@@ -266,9 +273,18 @@ class McpServer:
             raise RpcError(METHOD_NOT_FOUND, f"method {echo(method)!r} is not supported by this server")
         return {"jsonrpc": "2.0", "id": msg_id, "result": result}
 
+    @staticmethod
+    def _check_version(header_version: str | None) -> None:
+        """After ``initialize``, a message naming a version this server does not speak is refused."""
+        if header_version is not None and header_version not in PROTOCOL_VERSIONS:
+            raise RpcError(INVALID_REQUEST, f"unsupported MCP-Protocol-Version {echo(header_version)!r}; "
+                                            f"supported: {', '.join(PROTOCOL_VERSIONS)}", 400)
+
     def call_tool(self, principal: Principal, params: dict, request_id: str) -> dict:
         name = params.get("name")
-        tool = TOOLS.get(name) if isinstance(name, str) else None
+        if not isinstance(name, str):
+            raise RpcError(INVALID_PARAMS, "params.name is required: the name of a tool tools/list names")
+        tool = TOOLS.get(name)
         if tool is None:
             raise RpcError(INVALID_PARAMS, f"unknown tool {echo(str(name))!r}; tools/list names them")
         args = params.get("arguments")
@@ -277,9 +293,9 @@ class McpServer:
             if args is None:
                 args = {}
             if not isinstance(args, dict):
-                raise ValidationError("arguments must be a JSON object")
-            check_strings(args, "arguments")
-            Fields(args, "arguments", tool.arguments)  # unknown arguments are errors, as on the routes
+                raise ValidationError("request body must be a JSON object")
+            check_strings(args, BODY)
+            Fields(args, BODY, tool.arguments)  # unknown arguments are errors, as on the routes
             answer = tool.run(self.service, principal, args)
         except TitenError as exc:
             return tool_error(exc)
