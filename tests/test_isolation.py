@@ -31,15 +31,18 @@ def world(api):
     return {"alice": alice, "records": records,
             "foreign": api.key(org="globex", principal="alice", workspaces=["ws_a"]),
             "bob": api.key(principal="bob"),  # same org, not in ws_a, not alice
+            "alice_outside_ws_a": api.key(principal="alice"),  # alice's own key, without ws_a
             }
 
 
 # (caller, visibility) pairs that must not see the record: each its own test id,
 # so one failing outsider does not hide the rest
 OUTSIDERS = [("foreign", "private"), ("foreign", "team"), ("foreign", "organization"),
-             ("bob", "private"), ("bob", "team")]
+             ("bob", "private"), ("bob", "team"), ("alice_outside_ws_a", "team")]
 outsiders = pytest.mark.parametrize("caller_name, vis", OUTSIDERS, ids=[f"{c}-{v}" for c, v in OUTSIDERS])
-other_callers = pytest.mark.parametrize("caller_name", ["foreign", "bob"])
+# a pack holds what its compiling key could read: a key of the same principal
+# without that key's workspaces may not read it back
+other_callers = pytest.mark.parametrize("caller_name", ["foreign", "bob", "alice_outside_ws_a"])
 
 
 @outsiders

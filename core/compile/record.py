@@ -3,7 +3,8 @@
 Every run is recorded before answering (docs/api.md §9.8) — the task's
 sha256, never the task — so feedback can be checked against the pack at
 once, and the stored pack can be served back to the principal that compiled
-it, and only to them: anyone else, like an unknown id, gets 404.
+it, and only to them, through a key with at least the compiling key's
+workspaces: anyone else, like an unknown id, gets 404.
 """
 
 from __future__ import annotations
@@ -70,11 +71,14 @@ def record_run(ledger: Ledger, principal: Principal, req: CompileRequest, data: 
 
 
 def context_run(ledger: Ledger, principal: Principal, context_id: str) -> dict:
-    """The stored run, for its own principal only; anything else is 404."""
+    """The stored run, for its own principal only, through a key holding at
+    least the workspaces of the key that compiled it (a pack may hold team
+    claims of those workspaces); anything else is 404."""
     hex_ = parse_id(context_id, "ctx")
     entry = ledger.read(principal.org_id, hex_, RUN_SUFFIX) if hex_ else None
     if (entry is None or entry.get("type") != "context_run" or entry.get("actor") != principal.principal_id
-            or entry.get("context_id") != context_id):
+            or entry.get("context_id") != context_id
+            or not set(entry.get("scope", {}).get("workspaces", ())) <= set(principal.workspaces)):
         raise NotFound(f"context {context_id} not found")
     return entry
 
