@@ -169,6 +169,32 @@ def test_a_validation_error_raises(titen):
     assert caught.value.code == "VALIDATION_ERROR" and caught.value.status == 400
 
 
+def test_openapi_returns_the_document_whole(titen):
+    document = titen.openapi()
+    assert document["openapi"].startswith("3.1") and "/v1/context/compile" in document["paths"]
+
+
+def test_readyz_not_ready_raises_unavailable_carrying_the_report(served, tmp_path):
+    """An organization whose only generation fails its checksum: /readyz is a
+    503 whose body says why, and the client hands that body over."""
+    from core.keys import KeyRing
+    url, _, data_dir = served
+    key = KeyRing(open_store(Settings.from_env(data_dir=data_dir).store_url)).create(
+        "damaged", "dana", ["context:compile"], [])["api_key"]
+    lines = tmp_path / "one.ndjson"
+    lines.write_text(json.dumps({**OBSERVATION, "claim": CLAIM}) + "\n")
+    subprocess.run([str(Path(sys.executable).with_name("titen")), "import", str(lines), "--org", "damaged",
+                    "--data-dir", data_dir, "--rebuild"], check=True, capture_output=True)
+    (snapshot,) = Path(data_dir, "orgs", "damaged", "snapshots").glob("*.sqlite")
+    raw = bytearray(snapshot.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    snapshot.write_bytes(bytes(raw))
+    with pytest.raises(TitenUnavailable) as caught:
+        Titen(url, key, retries=1, backoff=0.01).readyz()
+    assert caught.value.status == 503 and caught.value.data["status"] == "not_ready"
+    assert caught.value.message == caught.value.data["reason"] and "sha256" in caught.value.message
+
+
 def test_a_wrong_key_raises_unauthenticated(served):
     url, _, _ = served
     with pytest.raises(TitenError) as caught:

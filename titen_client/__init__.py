@@ -52,16 +52,20 @@ class TitenError(Exception):
     NOT_FOUND 404 req_...
     """
 
-    def __init__(self, code: str, message: str, status: int | None = None, request_id: str | None = None):
+    def __init__(self, code: str, message: str, status: int | None = None, request_id: str | None = None,
+                 data: JSON | None = None):
         super().__init__(f"{code}: {message}" + (f" [{request_id}]" if request_id else ""))
         self.code = code
         self.message = message
         self.status = status
         self.request_id = request_id
+        self.data = data
 
 
 class TitenUnavailable(TitenError):
-    """503 or a connection failure that outlasted every retry."""
+    """503 or a connection failure that outlasted every retry. From ``readyz``,
+    ``data`` is the not-ready report (``status``, ``reason``, …) and
+    ``message`` its ``reason``."""
 
 
 def _drop_none(fields: Mapping[str, Any]) -> JSON:
@@ -89,8 +93,9 @@ class Titen:
     # -- the transport ---------------------------------------------------------------
 
     def request(self, method: str, path: str, body: JSON | None = None, *, write: bool = False,
-                idempotency_key: str | None = None) -> Any:
-        """One logical call: retried on 503 and connection failures; returns ``data``.
+                idempotency_key: str | None = None, whole: bool = False) -> Any:
+        """One logical call: retried on 503 and connection failures; returns ``data``
+        (with ``whole``, a 200's body as it is: the one route without an envelope).
 
         >>> titen.request("GET", "/readyz")["generation"]
         3
@@ -113,6 +118,8 @@ class Titen:
                 if attempt >= self.retries:
                     raise TitenUnavailable("UNAVAILABLE", f"cannot reach {self.url}: {exc}") from exc
             else:
+                if whole and status == 200:
+                    return payload
                 if status != 503 or attempt >= self.retries:
                     return self._unwrap(status, payload)
             self._sleep(attempt, retry_after)
@@ -149,6 +156,10 @@ class Titen:
         if isinstance(error, dict):
             kind = TitenUnavailable if status == 503 else TitenError
             raise kind(str(error.get("code")), str(error.get("message")), status, request_id)
+        data = payload.get("data") if isinstance(payload, dict) else None
+        if status == 503 and isinstance(data, dict):  # /readyz not ready: its body says why
+            raise TitenUnavailable("UNAVAILABLE", str(data.get("reason") or data.get("status")), status,
+                                   request_id, data)
         raise TitenError("INTERNAL" if status >= 500 else "UNEXPECTED", f"HTTP {status} without an envelope",
                          status, request_id)
 
@@ -162,8 +173,13 @@ class Titen:
         """``GET /healthz``: ``{"status": "ok"}``."""
         return self.request("GET", "/healthz")
 
+    def openapi(self) -> JSON:
+        """``GET /openapi.json``: the OpenAPI 3.1 document, whole (it is not enveloped)."""
+        return self.request("GET", "/openapi.json", whole=True)
+
     def readyz(self) -> JSON:
         """``GET /readyz``: generation, age, claim count and vector state of the key's organization.
+        Not ready (503, after the retries): ``TitenUnavailable`` whose ``data`` is the report.
 
         >>> titen.readyz()["generation"]
         3
