@@ -97,6 +97,17 @@ def test_rebuild_from_scratch_reports_the_same_content_hash(tmp_path, capsys):
     assert json.loads(scratch)["claim_count"] == 15
 
 
+def test_a_rollback_to_a_generation_not_kept_is_a_one_line_refusal(tmp_path, capsys):
+    src = tmp_path / "in.ndjson"
+    _ndjson(src, 2)
+    data = str(tmp_path / "store")
+    run(capsys, "import", str(src), "--org", "acme", "--data-dir", data, "--rebuild")
+    code = main(["snapshots", "rollback", "--org", "acme", "--generation", "7", "--data-dir", data])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err == "titen: generation 7 is not kept; kept generations: 1\n"
+
+
 def test_demo_prints_a_working_key_and_is_idempotent(tmp_path, capsys):
     code, out, _ = run(capsys, "demo", "--data-dir", str(tmp_path))
     assert code == 0 and "titen_sk_" in out

@@ -12,6 +12,7 @@ import boto3
 import pytest
 
 from core.config import Settings
+from core.errors import NotFound
 from core.service import Service
 from core.snapshot.build import SnapshotBuilder
 from core.snapshot.pointer import read_pointer
@@ -199,7 +200,7 @@ def test_a_rollback_to_a_generation_from_before_the_erasure_is_refused(world):
     api.rebuild(key)
     pointer = read_pointer(store, "acme")[0]
     assert [h["generation"] for h in pointer["history"]] == [pointer["generation"]]
-    with pytest.raises(ValueError, match="erasure"):
+    with pytest.raises(NotFound, match="erasure"):
         rollback(store, "acme", before)
 
 

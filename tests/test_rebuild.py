@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from core.errors import Unavailable
+from core.errors import NotFound, Unavailable
 
 from core.ids import uuid7_hex
 from core.instants import canonical, from_ms
@@ -393,6 +393,6 @@ def test_rollback_to_a_generation_no_longer_kept_changes_nothing(store, tmp_path
     _write(store, "acme", "one")
     _builder(store, tmp_path).rebuild()
     before = read_pointer(store, "acme")
-    with pytest.raises(ValueError, match="generation 7 is not kept; kept generations: 1"):
+    with pytest.raises(NotFound, match="generation 7 is not kept; kept generations: 1"):
         rollback(store, "acme", 7)
     assert read_pointer(store, "acme") == before

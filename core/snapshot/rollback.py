@@ -18,6 +18,7 @@ import tempfile
 
 import apsw
 
+from core.errors import Conflict, NotFound
 from core.instants import canonical, now_utc
 from core.layout import pointer_key
 from core.meta_table import read_meta
@@ -30,21 +31,21 @@ def rollback(store: Store, org_id: str, generation: int) -> dict:
     """Swap the pointer to the kept ``generation``'s file (verified first)."""
     pointer, etag = read_pointer(store, org_id)
     if pointer is None:
-        raise ValueError(f"{org_id} has no published snapshot")
+        raise NotFound(f"{org_id} has no published snapshot")
     target = next((h for h in pointer.get("history", []) if h["generation"] == generation), None)
     if target is None and generation < pointer.get("erased_through", 0):
-        raise ValueError(f"generation {generation} no longer exists: every generation before "
+        raise NotFound(f"generation {generation} no longer exists: every generation before "
                          f"{pointer['erased_through']} was deleted when an erasure was carried out, and a "
                          "rollback never brings erased records back")
     if target is None:
         kept = ", ".join(str(h["generation"]) for h in pointer.get("history", []))
-        raise ValueError(f"generation {generation} is not kept; kept generations: {kept}")
+        raise NotFound(f"generation {generation} is not kept; kept generations: {kept}")
     work = os.path.join(tempfile.gettempdir(), f"rollback-{secrets.token_hex(6)}.sqlite")
     try:
         try:
             digests = fetch_whole(store, target, work)
         except ChainBroken as exc:
-            raise ValueError(f"generation {generation} {exc}; not rolled back") from None
+            raise Conflict(f"generation {generation} {exc}; not rolled back") from None
         size = os.path.getsize(work)
         db = apsw.Connection(work, flags=apsw.SQLITE_OPEN_READONLY)
         digest = read_meta(db, "content_hash")
