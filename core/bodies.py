@@ -23,6 +23,7 @@ from typing import Any
 
 from core.domain import (CLAIM_KINDS, FEEDBACK_OUTCOMES, MAX_TASK_CHARS, OBSERVATION_KINDS, RELATIONS, TRUST_LEVELS,
                          VISIBILITY_RANK)
+from core.instants import SCHEMA_PATTERN
 
 IDENTIFIER_MAX = 128
 
@@ -58,6 +59,9 @@ class Text:
     choices: tuple[str, ...] | None = None
     default: str | None = None
     description: str = ""
+    # choices the reader takes so that a later rule can refuse them with its
+    # own message, and the schema therefore leaves out of its enum
+    refused: tuple[str, ...] = ()
 
     def read(self, f, name: str, required: bool):
         return f.string(name, required=required, max_len=self.max_len, pattern=self.pattern,
@@ -65,7 +69,7 @@ class Text:
 
     def schema(self, nullable: bool) -> dict:
         if self.choices is not None:
-            s: dict[str, Any] = {"type": "string", "enum": list(self.choices)}
+            s: dict[str, Any] = {"type": "string", "enum": [c for c in self.choices if c not in self.refused]}
         else:
             s = {"type": "string", "maxLength": self.max_len,
                  "pattern": self.pattern.pattern if self.pattern is not None else NOT_BLANK}
@@ -125,14 +129,14 @@ class Flag:
 
 @dataclass(frozen=True)
 class Instant:
-    description: str = "ISO-8601 instant with a time zone, e.g. 2026-07-30T12:00:00Z"
+    description: str = "instant with Z or an offset, 1970-9999, e.g. 2026-07-30T12:00:00Z"
 
     def read(self, f, name: str, required: bool):
         return f.instant(name, required=required)
 
     def schema(self, nullable: bool) -> dict:
-        return _nullable({"type": "string", "maxLength": 64, "description": self.description,
-                          "examples": ["2026-07-30T12:00:00Z"]}, nullable)
+        return _nullable({"type": "string", "maxLength": 64, "pattern": SCHEMA_PATTERN,
+                          "description": self.description, "examples": ["2026-07-30T12:00:00Z"]}, nullable)
 
 
 @dataclass(frozen=True)
@@ -196,7 +200,8 @@ def identifier(description: str = "") -> Text:
 
 MAX_CONTENT = 32_768
 MAX_STATEMENT = 4_000
-TRUST_CHOICES = tuple(TRUST_LEVELS)  # policy_approved is listed, and refused with a clear message
+TRUST_CHOICES = tuple(TRUST_LEVELS)  # policy_approved is read, then refused with a clear message
+WRITE_REFUSED_TRUST = ("policy_approved",)
 
 CLAIM = Record({
     "statement": Text(max_len=MAX_STATEMENT),
@@ -220,7 +225,7 @@ OBSERVATION = Record({
     "kind": Text(choices=OBSERVATION_KINDS),
     "content": Text(max_len=MAX_CONTENT),
     "source": SOURCE,
-    "trust": Text(choices=TRUST_CHOICES, default="asserted",
+    "trust": Text(choices=TRUST_CHOICES, default="asserted", refused=WRITE_REFUSED_TRUST,
                   description="verified needs memory:verify; policy_approved is never accepted"),
     "visibility": Text(choices=tuple(VISIBILITY_RANK), default="private"),
     "occurred_at": Instant(),
@@ -233,7 +238,8 @@ CLAIM_SOURCE = Record({
 }, ("observation_id", "relation"))
 
 CONSOLIDATED_CLAIM = CLAIM.extended({
-    "trust": Text(choices=TRUST_CHOICES, description="capped by the strongest supporting evidence"),
+    "trust": Text(choices=TRUST_CHOICES, refused=WRITE_REFUSED_TRUST,
+                  description="capped by the strongest supporting evidence; policy_approved is never accepted"),
     "visibility": Text(choices=tuple(VISIBILITY_RANK),
                        description="default and widest: the narrowest of the supporting evidence"),
     "workspace_id": identifier(),

@@ -10,6 +10,7 @@ refused as out of range, never an ``OverflowError``.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 
 EARLIEST = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -29,10 +30,25 @@ def canonical(dt: datetime) -> str:
     return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+# The shape accepted, before the calendar and the range are checked: the
+# extended ISO-8601 date and time of RFC 3339 (seconds and fraction optional),
+# with Z or an offset. datetime.fromisoformat alone also took a trailing
+# space, "12:00:00.Z", basic and week-date forms.
+SHAPE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]+)?)?([Zz]|[+-][0-9]{2}(:?[0-9]{2})?)")
+# What the OpenAPI document says: the same shape with its fields' ranges and
+# the years 1970-9999 (the calendar, and an offset that moves an instant out
+# of range, are checked beyond it).
+SCHEMA_PATTERN = (r"^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3])"
+                  r":[0-5][0-9](:[0-5][0-9](\.[0-9]+)?)?([Zz]|[+-]([01][0-9]|2[0-3])(:?[0-5][0-9])?)$")
+
+
 def parse_instant(value: str) -> datetime:
-    """An aware UTC datetime from ISO-8601 text; naive input is rejected
-    (``ValueError``), an instant outside the range is ``InstantOutOfRange``."""
-    text = value.strip()
+    """An aware UTC datetime from ISO-8601 text of ``SHAPE``; another shape
+    or naive input is rejected (``ValueError``), an instant outside the
+    range is ``InstantOutOfRange``."""
+    if SHAPE.fullmatch(value) is None:
+        raise ValueError("not YYYY-MM-DDTHH:MM[:SS[.fff]] with Z or an offset")
+    text = value
     if text.endswith(("Z", "z")):
         text = text[:-1] + "+00:00"
     dt = datetime.fromisoformat(text)

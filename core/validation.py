@@ -232,8 +232,8 @@ class Fields:
                 f"got {echo(v)!r}") from None
         except ValueError:
             raise ValidationError(
-                f"{self._name(name)} must be an ISO-8601 instant with a time zone, "
-                f"e.g. 2026-07-30T12:00:00Z; got {echo(v)!r}") from None
+                f"{self._name(name)} must be an ISO-8601 instant YYYY-MM-DDTHH:MM[:SS[.ffffff]] with Z or "
+                f"an offset, e.g. 2026-07-30T12:00:00Z; got {echo(v)!r}") from None
 
     def object(self, name: str, allowed: "Iterable[str] | Record", *, required: bool = False) -> "Fields | None":
         v = self._get(name, required)

@@ -89,3 +89,36 @@ def test_compile_at_the_ends_of_the_range_answers(api, value):
     r = api.compile(key, "deploy", at=value)
     assert r.status_code == 200, r.text
     assert r.json()["meta"]["at"][:4] == value[:4]
+
+
+# The shape (core.instants.SHAPE): the extended ISO-8601 date and time, seconds
+# and fraction optional, Z or an offset; nothing around it.
+WELL_SHAPED = ["2026-07-30T12:00:00Z", "2026-07-30t12:00:00z", "2026-07-30 12:00:00Z", "2026-07-30T12:00Z",
+               "2026-07-30T12:00:00.5+05:30", "2026-07-30T12:00:00+0530", "2026-07-30T12:00:00-03"]
+ILL_SHAPED = ["2026-07-30T12:00:00Z ", " 2026-07-30T12:00:00Z", "2026-07-30T12:00:00.Z", "20260730T120000Z",
+              "2026-W31-4T12:00:00Z", "2026-07-30T12:00:00", "10000-01-01T00:00:00Z", "2026-07-30",
+              "２０２６-07-30T12:00:00Z"]
+
+
+@pytest.mark.parametrize("value", WELL_SHAPED)
+def test_a_well_shaped_instant_is_accepted(api, value):
+    assert api.post("/v1/observations", observation("occurred_at", value), api.key()).status_code == 201
+
+
+@pytest.mark.parametrize("value", ILL_SHAPED)
+def test_an_ill_shaped_instant_is_a_400_that_says_the_shape_and_writes_nothing(api, value):
+    r = api.post("/v1/observations", observation("occurred_at", value), api.key())
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"].startswith(
+        "occurred_at must be an ISO-8601 instant YYYY-MM-DDTHH:MM[:SS[.ffffff]] with Z or an offset")
+    assert api.ledger_keys() == []
+
+
+# (an offset that moves an in-pattern instant out of range is checked beyond the pattern)
+@pytest.mark.parametrize("value", WELL_SHAPED + ILL_SHAPED + ["0001-01-01T00:00:00Z", "1969-12-31T23:59:59.999999Z"])
+def test_the_openapi_pattern_admits_only_what_the_validator_accepts(value):
+    import re
+
+    from core.instants import SCHEMA_PATTERN, parse_instant
+    if re.search(SCHEMA_PATTERN, value):
+        parse_instant(value)  # raises if the document promised what the service refuses

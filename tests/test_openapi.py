@@ -61,6 +61,17 @@ def test_request_bodies_are_the_validators_specs():
     assert schemas["Compile"]["additionalProperties"] is False
 
 
+def test_a_trust_no_write_accepts_is_not_in_the_write_schemas(api):
+    from core.api.openapi import document
+    schemas = document()["components"]["schemas"]
+    observation_trust = schemas["Observation"]["properties"]["trust"]["enum"]
+    assert "policy_approved" not in observation_trust and "verified" in observation_trust
+    body = {"subject_id": "user_rama", "kind": "tool_result", "content": "ok", "source": {"type": "tool", "ref": "r"},
+            "trust": "policy_approved"}
+    r = api.post("/v1/observations", body, api.key())
+    assert r.status_code == 400 and "policy_approved is never accepted" in r.json()["error"]["message"]
+
+
 def test_every_documented_example_is_valid_against_its_schema():
     doc = document()
     for path, ops in doc["paths"].items():
