@@ -150,6 +150,31 @@ def test_missing_or_invalid_keys_are_unauthenticated(api, headers):
     assert r.status_code == 401 and r.json()["error"]["code"] == "UNAUTHENTICATED"
 
 
+def test_a_401_names_the_bearer_scheme(api):
+    r = api.client.post("/v1/observations", content=json.dumps(OBS))
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+
+
+def test_two_authorization_headers_are_refused_not_the_first_taken(api):
+    key = api.key()
+    r = api.client.post("/v1/observations", content=json.dumps(OBS),
+                        headers=[("authorization", key["authorization"]), ("authorization", "Bearer other"),
+                                 ("content-type", "application/json")])
+    assert r.status_code == 401 and r.json()["error"] == {
+        "code": "UNAUTHENTICATED", "message": "Authorization header sent 2 times; send it once"}
+    assert api.ledger_keys() == []
+
+
+def test_two_idempotency_keys_are_refused_not_the_first_taken(api):
+    key = api.key()
+    r = api.client.post("/v1/observations", content=json.dumps(OBS),
+                        headers=[("authorization", key["authorization"]), ("idempotency-key", "a"),
+                                 ("idempotency-key", "b"), ("content-type", "application/json")])
+    assert r.status_code == 400 and r.json()["error"] == {
+        "code": "VALIDATION_ERROR", "message": "Idempotency-Key header sent 2 times; send it once"}
+    assert api.ledger_keys() == []
+
+
 def test_a_key_without_the_scope_is_forbidden_and_writes_nothing(api):
     reader = api.key(scopes="context:compile")
     r = api.post("/v1/observations", OBS, reader)

@@ -16,7 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from core.api.endpoint import endpoint, log, mcp_endpoint
-from core.api.envelope import Serialized, error_response
+from core.api.envelope import Serialized, error_response, one_header
 from core.api.evidence import claim_evidence
 from core.errors import Internal, MethodNotAllowed, NotFound, TitenError, echo, printable
 from core.ids import new_id
@@ -49,8 +49,9 @@ def create_app(service: Service) -> Starlette:
     @endpoint(service, auth=False)
     def readyz(request, principal, body):
         org = None
-        if request.headers.get("authorization"):
-            org = service.keys.authenticate(request.headers["authorization"]).org_id
+        authorization = one_header(request, "Authorization")
+        if authorization:
+            org = service.keys.authenticate(authorization).org_id
         orgs = [org] if org else service.reader.loaded()
         unavailable = [reason for _, reason in (service.reader.check(o) for o in orgs) if reason]
         states = [service.reader.status(o) for o in orgs]
@@ -79,7 +80,7 @@ def create_app(service: Service) -> Starlette:
         """A write route: the service runs it, replaying a retried key."""
         @endpoint(service, body=True)
         def run(request, principal, body):
-            key = parse_idempotency_key(request.headers.get(IDEMPOTENCY_HEADER))
+            key = parse_idempotency_key(one_header(request, IDEMPOTENCY_HEADER))
             outcome = service.write(principal, route, dict(request.path_params), body, key)
             return outcome.status, outcome.data, ({} if outcome.replay is None
                                                   else {"idempotent_replay": outcome.replay})

@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from core.api.envelope import error_response, json_response, read_body, read_raw, success_body
+from core.api.envelope import error_response, json_response, one_header, read_body, read_raw, success_body
 from core.api.mcp import (INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, SERVER_ERROR, TOOLS,
                           McpServer, RpcError, message_id, rpc_error)
 from core.budget.items import dumps
@@ -56,7 +56,7 @@ def endpoint(service: Service, *, auth: bool = True, body: bool = False, inline:
                 if auth:
                     # a key looked up within the cache period needs no I/O: answered
                     # here, without a hop to the thread pool and back
-                    authorization = request.headers.get("authorization")
+                    authorization = one_header(request, "Authorization")
                     principal = (service.keys.cached(authorization)
                                  or await run_in_threadpool(service.keys.authenticate, authorization))
                 payload = await read_body(request, service.settings.body_timeout) if body else None
@@ -107,7 +107,7 @@ def mcp_endpoint(service: Service):
             note_rpc(message, TOOLS)  # the request line's rpc_method and tool
             # on the thread pool, like every route's work (docs/architecture.md, "Liveness")
             answer = await run_in_threadpool(
-                server.handle, message, lambda: service.keys.authenticate(request.headers.get("authorization")),
+                server.handle, message, lambda: service.keys.authenticate(one_header(request, "Authorization")),
                 request_id, request.headers.get("mcp-protocol-version"))
         except RpcError as exc:
             return mcp_error(exc.status, rpc_error(message_id(message), exc.code, exc.message), request_id)

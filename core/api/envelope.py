@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from core.budget.items import dumps
-from core.errors import PayloadTooLarge, RequestTimeout, TitenError, ValidationError, echo
+from core.errors import PayloadTooLarge, RequestTimeout, TitenError, Unauthenticated, ValidationError, echo
 from core.observe.request_line import note_error
 from core.validation import MAX_BODY_BYTES, parse_json_body
 
@@ -46,8 +46,22 @@ def success_body(data, meta: dict) -> str:
 
 def error_response(exc: TitenError, request_id: str) -> Response:
     note_error(exc.code)  # the request line's code, counted in the Errors metric
-    return envelope(exc.status, {"error": {"code": exc.code, "message": exc.message},
-                                 "meta": {"request_id": request_id}}, request_id)
+    response = envelope(exc.status, {"error": {"code": exc.code, "message": exc.message},
+                                     "meta": {"request_id": request_id}}, request_id)
+    if exc.status == 401:  # RFC 9110 §15.5.2: a 401 names the scheme it wants
+        response.headers["www-authenticate"] = "Bearer"
+    return response
+
+
+def one_header(request: Request, name: str) -> str | None:
+    """A header that must come at most once: two ``Authorization`` headers are
+    401 (which key is meant?), any other twice 400 — never the first taken
+    silently."""
+    values = request.headers.getlist(name)
+    if len(values) > 1:
+        error = Unauthenticated if name.lower() == "authorization" else ValidationError
+        raise error(f"{name} header sent {len(values)} times; send it once")
+    return values[0] if values else None
 
 
 async def read_body(request: Request, timeout: float = 10.0) -> dict:
