@@ -329,6 +329,65 @@ def test_a_claim_about_the_subject_written_after_its_erasure_keeps_only_its_late
     assert from_scratch_agrees(world, incremental)
 
 
+# -- a rebuild that fails part-way through an erasure --------------------------------
+
+def fail_once(monkeypatch, store, method: str, when) -> list:
+    """The store's ``method`` raises StoreError on its first call whose key
+    ``when`` accepts (the S3 call refused); every other call is real."""
+    from core.storage import StoreError
+    real, failed = getattr(store, method), []
+
+    def call(key, *args, **kwargs):
+        if not failed and when(key):
+            failed.append(key)
+            raise StoreError(f"injected: {method} {key}")
+        return real(key, *args, **kwargs)
+    monkeypatch.setattr(store, method, call)
+    return failed
+
+
+@pytest.mark.parametrize("store", ["s3"], indirect=True)
+@pytest.mark.parametrize("method,where", [
+    ("purge_history", "/ledger/"),      # the older versions of a rewritten or stubbed entry
+    ("purge_prefix", "/snapshots/"),    # every version of the older generations, after the swap
+    ("purge_history", "/erasures/"),    # the pending status object, which named the subject
+])
+def test_an_erasure_interrupted_after_a_step_leaves_no_copy_once_complete(world, monkeypatch, method, where):
+    api, key = world["api"], world["key"]
+    asked = erase(world, "/v1/subjects/subj_s")
+    failed = fail_once(monkeypatch, world["store"], method, lambda k: where in k)
+    assert api.post("/v1/admin/rebuild", b"", key).status_code != 200
+    assert failed
+    api.rebuild(key)  # the step is taken again before the erasure reads complete
+    api.rebuild(key)
+    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
+    assert found(world, S_MARKS + ["subj_s"]) == []
+
+
+@pytest.mark.parametrize("store", ["s3"], indirect=True)
+def test_a_pointer_swap_whose_answer_was_lost_keeps_the_file_it_published(world, monkeypatch):
+    api, key, store = world["api"], world["key"], world["store"]
+    api.observe(key, subject_id="subj_t", content="One more.", claim={"statement": "One more checklist.",
+                                                                     "kind": "procedural", "confidence": 0.9})
+    real = store.compare_and_swap
+
+    def landed_then_lost(k, body, etag):
+        answer = real(k, body, etag)
+        if k.endswith("current.json"):
+            from core.storage import StoreError
+            raise StoreError("injected: the answer was lost")
+        return answer
+    monkeypatch.setattr(store, "compare_and_swap", landed_then_lost)
+    rebuilt = api.rebuild(key)
+    monkeypatch.setattr(store, "compare_and_swap", real)
+    pointer = read_pointer(store, "acme")[0]
+    assert pointer["generation"] == rebuilt["generation"]
+    assert store.get(pointer["snapshot_key"]).body  # the file it names is there
+    fresh = Service(Settings.from_env(store_url=store.url, env={"TITEN_SNAPSHOT_TTL": "0",
+                                      "TITEN_CACHE_DIR": str(world["tmp"] / "fresh")}), store=store)
+    assert Api(fresh).compile(key, "checklist", subject_id="subj_t").status_code == 200
+
+
 # -- scope ----------------------------------------------------------------------------
 
 def test_a_key_without_memory_erase_is_forbidden_on_every_erasure_route(world):

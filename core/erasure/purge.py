@@ -225,6 +225,7 @@ class LedgerPurge:
         self.skew_ms = skew_ms
         self.progress = progress
         self.purged = Purged()
+        self.known_keys: set[str] = set()
 
     def carry_out(self, target: Target, db: apsw.Connection | None) -> Purged:
         """What erasing ``target`` removed from the ledger. The store's
@@ -235,7 +236,7 @@ class LedgerPurge:
         with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
             self.pool = pool
             read = list(pool.map(self._read, self._candidates(target, db)))
-            writes = []
+            writes, settled = [], []
             for found in read:
                 if found is None:
                     continue
@@ -244,7 +245,12 @@ class LedgerPurge:
                 if new is not None:
                     writes.append((key, etag, new))
                     self._count(entry, new, target)
+                elif self._settled(key, entry, target):
+                    settled.append(key)
             list(pool.map(lambda w: self._replace(*w), writes))
+            # an entry this erasure already rewrote, in a build that failed
+            # before its older versions went: they go now
+            list(pool.map(self.store.purge_history, settled))
             self._purge_runs(target)
             heads = [claim_head_key(self.org_id, hex_) for hex_ in
                      (parse_id(c, "claim") for c in sorted(target.claims)) if hex_ is not None]
@@ -252,12 +258,19 @@ class LedgerPurge:
             self.purged.claim_heads += len(heads)
         return self.purged
 
+    def _settled(self, key: str, entry: dict, target: Target) -> bool:
+        """An entry needing no rewrite that this erasure may have rewritten
+        before: its stub, or one the previous generation says held its records."""
+        return ((entry.get("type") == ERASED and entry.get("erasure_id") == target.erasure_id)
+                or key in self.known_keys)
+
     # -- where to look -----------------------------------------------------------
 
     def _candidates(self, target: Target, db: apsw.Connection | None) -> list[str]:
         """Ledger keys that may hold what ``target`` erases, in key order."""
         prefix = ledger_prefix(self.org_id)
         known = self._known_entries(target, db) if db is not None else None
+        self.known_keys = {entry_key(self.org_id, hex_) for hex_ in known or ()}
         if known is None:
             self.progress(f"{self.org_id}: erasure {target.erasure_id}: reading the whole ledger")
             return [k for k in self.store.list_keys(prefix) if not k.endswith(RUN_SUFFIX)]
@@ -385,11 +398,14 @@ class LedgerPurge:
         keys = [k for k in self.store.list_keys(ledger_prefix(self.org_id))
                 if k.endswith(RUN_SUFFIX) and tag_of(entry_hex_of(k)) == tag
                 and entry_hex_of(k) < target.limit]
-        feedback, writes = [], []
+        feedback, writes, settled = [], [], []
         for found in self.pool.map(self._read, keys):
             if found is None:
                 continue
             key, etag, entry = found
+            if self._settled(key, entry, target):  # stubbed by an earlier, failed attempt
+                settled.append(key)
+                continue
             if entry.get("type") == "feedback":
                 feedback.append(found)
                 continue
@@ -408,6 +424,7 @@ class LedgerPurge:
                 writes.append((key, etag, stub(entry, target.erasure_id)))
                 self._count_feedback(entry, target)
         list(self.pool.map(lambda w: self._replace(*w), writes))
+        list(self.pool.map(self.store.purge_history, settled))
 
 
 def _chunks(values: list, size: int) -> Iterable[list]:

@@ -19,7 +19,8 @@ import apsw
 from core.erasure import records
 from core.erasure.purge import LedgerPurge, Purged, Target
 from core.snapshot.erase import Requester
-from core.layout import RUN_SUFFIX
+from core.snapshot.publish import purge_older_generations
+from core.layout import RUN_SUFFIX, erasure_key
 from core.ledger import Ledger, encode
 from core.instants import canonical, now_utc
 from core.storage import PreconditionFailed, Store
@@ -113,12 +114,21 @@ class ErasureWork:
             done.append(finished)
         return done
 
-    def recover(self, erased: dict[str, dict]) -> None:
-        """Complete the erasures a published generation carried out, with the
-        counts its pointer records, when the build that published it stopped
-        before marking them complete."""
+    def recover(self, pointer: dict) -> None:
+        """Finish the erasures the published generation carried out (its
+        pointer records them) when the build that published it stopped
+        short: every version of older generations is purged again (the
+        purge after the swap may have failed), each status object's older
+        versions too (the pending one named the target), and those still
+        pending are marked complete with the counts the pointer records.
+        Every step is idempotent; this runs until the next publication."""
+        erased = pointer["erasures"]
+        for erasure_id in erased:
+            self.store.purge_history(erasure_key(self.org_id, erasure_id[len("era_"):]))
         still = [r for r in records.pending(self.store, self.org_id) if r["erasure_id"] in erased]
         if still:
+            # (only then: once complete, a later build's upload may be on its way)
+            purge_older_generations(self.store, self.org_id, pointer)
             self.targets = [(r, target_of(r)) for r in still]
             self.complete(erased)
 

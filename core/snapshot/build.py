@@ -147,7 +147,7 @@ class SnapshotBuilder:
         pointer, etag = read_pointer(self.store, self.org_id)
         if pointer is not None and pointer.get("erasures"):
             # a build that published an erasure and stopped before marking it complete
-            self.erasure_work.recover(pointer["erasures"])
+            self.erasure_work.recover(pointer)
         os.makedirs(self.work_dir, exist_ok=True)
         work = os.path.join(self.work_dir, f"build-{self.org_id}-{secrets.token_hex(6)}.sqlite")
         self.base = None

@@ -17,6 +17,7 @@ itself, and starts a new chain.
 
 from __future__ import annotations
 
+import json
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -98,14 +99,42 @@ def _swap(store: Store, org_id: str, record: dict, pointer: dict | None, etag: s
     except PreconditionFailed:
         store.delete(uploaded)
         raise RebuildConflict(f"{org_id}: another rebuild published first") from None
-    except BaseException:
-        store.delete(uploaded)
-        raise
+    except Exception as exc:
+        # The swap's answer was lost, not necessarily the swap: a pointer that
+        # landed names the upload, which must then stay (deleting it left the
+        # published pointer naming a missing file). Unknown either way: keep
+        # it; a later publication retires an upload no pointer names.
+        if not _landed(store, org_id, record):
+            raise
+        progress(f"{org_id}: the pointer swap answered {type(exc).__name__} but landed: generation {generation} "
+                 "is published")
     if only_generation:
-        removed = store.purge_prefix(snapshots_prefix(org_id), keep={uploaded, pointer_key(org_id)})
-        progress(f"{org_id}: purged {removed} stored versions of older generations")
+        # an erasure is complete only once this has run; should it fail, the
+        # next rebuild runs it again before marking it so (ErasureWork.recover)
+        purge_older_generations(store, org_id, record)
+        progress(f"{org_id}: purged every stored version of older generations")
     else:
-        retire_old_generations(store, org_id, generation, set().union(*(stored_keys(h) for h in history)))
+        try:
+            retire_old_generations(store, org_id, generation, set().union(*(stored_keys(h) for h in history)))
+        except Exception as exc:  # housekeeping: the generation is published; the next publication retires them
+            progress(f"{org_id}: generation {generation} published; retiring older files failed "
+                     f"({type(exc).__name__}), left for the next publication")
+
+
+def _landed(store: Store, org_id: str, record: dict) -> bool:
+    """Whether the pointer now is ``record`` (read again after a lost answer)."""
+    try:
+        current = json.loads(store.get(pointer_key(org_id)).body)
+    except Exception:
+        return False
+    return (current.get("generation") == record["generation"] and current.get("digest") == record["digest"]
+            and stored_keys(current) == stored_keys(record))
+
+
+def purge_older_generations(store: Store, org_id: str, record: dict) -> int:
+    """Every version of every generation file and delta but those ``record``
+    (the pointer) names: after an erasure, the only generation kept."""
+    return store.purge_prefix(snapshots_prefix(org_id), keep=stored_keys(record) | {pointer_key(org_id)})
 
 
 def retire_old_generations(store: Store, org_id: str, generation: int, keep: set[str]) -> None:
