@@ -17,6 +17,7 @@ from core.config import Settings
 from core.errors import TitenError
 from core.writes.importer import import_file, stderr_progress
 from core.keys import Principal
+from core.snapshot.publish import RebuildConflict
 from core.storage import StoreError
 
 
@@ -93,7 +94,7 @@ def cmd_mcp(args) -> int:
 
 def cmd_rebuild(args) -> int:
     service = _service(args)
-    orgs = [args.org] if args.org else service.ledger.organizations()
+    orgs = [known_org(service, args.org)] if args.org else service.ledger.organizations()
     for org_id in orgs:
         result = service.builder(org_id, progress=stderr_progress).rebuild(from_scratch=args.from_scratch)
         print(json.dumps(result.as_dict()))
@@ -150,22 +151,49 @@ def cmd_demo(args) -> int:
 
 def cmd_snapshots_list(args) -> int:
     from core.snapshot.pointer import read_pointer
-    pointer, _ = read_pointer(_service(args).store, args.org)
+    service = _service(args)
+    pointer, _ = read_pointer(service.store, known_org(service, args.org))
     print(json.dumps(pointer or {}, indent=1))
     return 0
 
 
 def cmd_snapshots_rollback(args) -> int:
     from core.snapshot.rollback import rollback
-    print(json.dumps(rollback(_service(args).store, args.org, args.generation)))
+    service = _service(args)
+    print(json.dumps(rollback(service.store, known_org(service, args.org), args.generation)))
     return 0
 
 
 def cmd_erasures_reapply(args) -> int:
     from core.erasure.work import reapply
     service = _service(args)
-    print(json.dumps(reapply(service.store, args.org, stderr_progress)))
+    print(json.dumps(reapply(service.store, known_org(service, args.org), stderr_progress)))
     return 0
+
+
+def org_id(value: str) -> str:
+    """``--org``: an organization id as keys name it (docs/api.md §5); any
+    other is refused before anything is read or written."""
+    from core.keys import ORG_ID
+    if not ORG_ID.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not an organization id ({ORG_ID.pattern})")
+    return value
+
+
+def generation_number(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a generation (they count from 1)")
+    return number
+
+
+def known_org(service, org: str) -> str:
+    """An organization this store holds a ledger for; else NotFound naming those it does."""
+    from core.errors import NotFound
+    known = service.ledger.organizations()
+    if org not in known:
+        raise NotFound(f"no organization {org!r} in this store (it has: {', '.join(known) or 'none'})")
+    return org
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -193,13 +221,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_mcp)
 
     p = sub.add_parser("rebuild", parents=[common], help="build and publish snapshots from the ledger")
-    p.add_argument("--org", help="one organization (default: every organization with new entries)")
+    p.add_argument("--org", type=org_id, help="one organization (default: every organization with new entries)")
     p.add_argument("--from-scratch", action="store_true", help="replay the whole ledger from empty")
     p.set_defaults(run=cmd_rebuild)
 
     p = sub.add_parser("import", parents=[common], help="bulk-load NDJSON observation bodies")
     p.add_argument("file")
-    p.add_argument("--org", required=True)
+    p.add_argument("--org", required=True, type=org_id)
     p.add_argument("--principal", default="importer", help="recorded as the writer (owner of private records)")
     p.add_argument("--workspaces", help="workspaces the importer may write team records to")
     p.add_argument("--batch-size", type=int, default=500)
@@ -208,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     keys = sub.add_parser("keys", help="create or revoke API keys").add_subparsers(dest="keys_command", required=True)
     p = keys.add_parser("create", parents=[common])
-    p.add_argument("--org", required=True)
+    p.add_argument("--org", required=True, type=org_id)
     p.add_argument("--principal", required=True)
     p.add_argument("--scopes", required=True, help="comma list of context:compile, context:feedback, "
                                                    "memory:write, memory:verify, memory:erase, admin")
@@ -226,11 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
     snaps = sub.add_parser("snapshots", help="inspect or roll back published generations").add_subparsers(
         dest="snapshots_command", required=True)
     p = snaps.add_parser("list", parents=[common])
-    p.add_argument("--org", required=True)
+    p.add_argument("--org", required=True, type=org_id)
     p.set_defaults(run=cmd_snapshots_list)
     p = snaps.add_parser("rollback", parents=[common])
-    p.add_argument("--org", required=True)
-    p.add_argument("--generation", type=int, required=True)
+    p.add_argument("--org", required=True, type=org_id)
+    p.add_argument("--generation", type=generation_number, required=True)
     p.set_defaults(run=cmd_snapshots_rollback)
 
     erasures = sub.add_parser("erasures", help="carry completed erasures out again").add_subparsers(
@@ -238,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = erasures.add_parser("reapply", parents=[common],
                             help="after restoring ledger objects from a backup: erase again every record a "
                                  "completed erasure named (reads the whole ledger)")
-    p.add_argument("--org", required=True)
+    p.add_argument("--org", required=True, type=org_id)
     p.set_defaults(run=cmd_erasures_reapply)
     return parser
 
@@ -252,6 +280,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except StoreError as exc:
         print(f"titen: store error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a file to import that is not there, a directory, unreadable
+        print(f"titen: {exc.strerror or exc}: {exc.filename}" if exc.filename else f"titen: {exc}", file=sys.stderr)
+        return 1
+    except RebuildConflict as exc:
+        print(f"titen: {exc}; nothing was published by this run (run it again)", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -108,6 +108,37 @@ def test_a_rollback_to_a_generation_not_kept_is_a_one_line_refusal(tmp_path, cap
     assert err == "titen: generation 7 is not kept; kept generations: 1\n"
 
 
+@pytest.mark.parametrize("argv", [["rebuild", "--org", "A B"], ["import", "x.ndjson", "--org", "Bad Org"],
+                                  ["snapshots", "list", "--org", "../acme"],
+                                  ["snapshots", "rollback", "--org", "acme", "--generation", "-1"]])
+def test_a_malformed_org_or_generation_is_refused_before_anything_is_written(tmp_path, capsys, argv):
+    data = tmp_path / "store"
+    with pytest.raises(SystemExit) as exited:
+        main(argv + ["--data-dir", str(data)])
+    assert exited.value.code == 2 and "error: argument" in capsys.readouterr().err
+    assert not data.exists()
+
+
+@pytest.mark.parametrize("argv", [["rebuild", "--org", "nobody"], ["snapshots", "list", "--org", "nobody"],
+                                  ["erasures", "reapply", "--org", "nobody"]])
+def test_an_unknown_org_is_refused_in_one_line_and_not_built(tmp_path, capsys, argv):
+    src = tmp_path / "in.ndjson"
+    _ndjson(src, 1)
+    data = str(tmp_path / "store")
+    run(capsys, "import", str(src), "--org", "acme", "--data-dir", data)
+    code, out, err = run(capsys, *argv, "--data-dir", data)
+    assert (code, out) == (2, "")
+    assert err == "titen: no organization 'nobody' in this store (it has: acme)\n"
+    assert not (tmp_path / "store" / "orgs" / "nobody").exists()
+
+
+@pytest.mark.parametrize("name", ["missing.ndjson", "."])
+def test_importing_a_file_that_cannot_be_read_is_one_line(tmp_path, capsys, name):
+    code, out, err = run(capsys, "import", str(tmp_path / name), "--org", "acme", "--data-dir", str(tmp_path / "s"))
+    assert code == 1 and out == "" and err.startswith("titen: ") and err.count("\n") == 1
+    assert "Traceback" not in err
+
+
 def test_demo_prints_a_working_key_and_is_idempotent(tmp_path, capsys):
     code, out, _ = run(capsys, "demo", "--data-dir", str(tmp_path))
     assert code == 0 and "titen_sk_" in out
