@@ -264,9 +264,36 @@ def test_a_pointer_read_failure_is_reported_then_cleared_when_the_store_answers(
     assert reader.current(ORG).generation == 1
     assert "pointer" in reader.status(ORG)["last_refresh_error"]
     del flaky.get_if_changed
-    clock.now += 5
+    clock.now += 10  # one failure doubles the wait
     assert reader.current(ORG).generation == 1
     assert reader.status(ORG)["last_refresh_error"] is None
+
+
+def test_while_the_store_keeps_failing_checks_back_off_and_the_generation_keeps_serving(store, tmp_path, clock):
+    observe(store, "Deploy smoke must pass before release.")
+    publish(store, tmp_path)
+    flaky = CountingStore(store)
+    reader = SnapshotReader(flaky, str(tmp_path / "cache"), ttl_seconds=1)
+    assert reader.current(ORG).generation == 1
+    attempts = []
+
+    def broken(*args, **kwargs):
+        attempts.append(clock.now)
+        raise ConnectionError("store down")
+
+    flaky.get_if_changed = broken
+    start = clock.now
+    for _ in range(100):  # a request every 0.5 s for 50 s
+        clock.now += 0.5
+        assert reader.current(ORG).generation == 1
+    # checks at TTL 1 would be 50; backing off (2, 4, 8, 16 s) asks 5 times
+    assert [round(t - start, 1) for t in attempts] == [1.0, 3.0, 7.0, 15.0, 31.0]
+    del flaky.get_if_changed
+    clock.now += 60
+    assert reader.current(ORG).generation == 1 and reader.status(ORG)["last_refresh_error"] is None
+    clock.now += 1  # recovered: the TTL again
+    reads = flaky.pointer_reads
+    assert reader.current(ORG).generation == 1 and flaky.pointer_reads == reads + 1
 
 
 def test_retired_generations_release_their_connections(tmp_path):

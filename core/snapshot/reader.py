@@ -59,6 +59,7 @@ __all__ = ["DAMAGE_ERRORS", "Snapshot", "SnapshotReader", "SnapshotRejected", "S
 
 
 POINTER_READ_FAILED = "reading the snapshot pointer failed"
+MAX_BACKOFF_S = 60.0  # the longest wait between checks while the store keeps failing
 # a spare copy of the served file, never opened: the next deltas are applied
 # to it in place, so a copy of the whole file is not on the way to serving
 SHADOW = ".shadow"
@@ -80,6 +81,7 @@ class _OrgState:
     digests: PageDigests | None = None  # the page digests of the served generation's file
     last_load: dict | None = None  # how the last generation was got: road, bytes, deltas, seconds
     last_fallback: str | None = None  # why the deltas road was last left for the whole file
+    failures: int = 0  # refreshes in a row the store failed (backoff: ``SnapshotReader.due``)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def unavailable_reason(self) -> str | None:
@@ -180,7 +182,7 @@ class SnapshotReader:
         state = self._state(org_id)
         with state.lock:
             rung_seen = rung is None or rung == state.rung
-            if not force and rung_seen and time.monotonic() - state.checked_at < self.ttl:
+            if not force and rung_seen and time.monotonic() - state.checked_at < self.wait(state):
                 return state.snapshot
             try:
                 return self._refresh(org_id, state, force)
@@ -188,9 +190,32 @@ class SnapshotReader:
                 if rung is not None:
                     state.rung = rung  # only now: a request checking meanwhile waits on the lock
 
+    def wait(self, state: _OrgState) -> float:
+        """Seconds between checks: the TTL, doubled for each refresh in a row
+        the store failed, up to ``MAX_BACKOFF_S``. A refresh runs in the
+        request that finds it due, and a throttled store can hold it for
+        seconds (botocore's retries): backing off keeps that cost to a few
+        requests instead of one per TTL, while the served generation keeps
+        serving."""
+        if not state.failures:
+            return self.ttl
+        return min(MAX_BACKOFF_S, self.ttl * 2 ** min(state.failures, 8))
+
     def _refresh(self, org_id: str, state: _OrgState, force: bool) -> Snapshot | None:
         """Called with ``state.lock`` held."""
         state.checked_at = time.monotonic()
+        failures_before = state.failures
+        state.failures = 0
+        try:
+            snapshot = self._refresh_now(org_id, state, force)
+        except BaseException:
+            state.failures = failures_before + 1
+            raise
+        if state.last_error and not state.last_error.startswith("generation "):
+            state.failures = failures_before + 1  # the store failed (a refusal is not retried anyway)
+        return snapshot
+
+    def _refresh_now(self, org_id: str, state: _OrgState, force: bool) -> Snapshot | None:
         self._check_open_file(state, full=force)
         try:
             obj = self.store.get_if_changed(pointer_key(org_id), state.etag)
