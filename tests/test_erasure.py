@@ -388,6 +388,29 @@ def test_a_pointer_swap_whose_answer_was_lost_keeps_the_file_it_published(world,
     assert Api(fresh).compile(key, "checklist", subject_id="subj_t").status_code == 200
 
 
+@pytest.mark.parametrize("store", ["s3"], indirect=True)
+def test_an_instance_that_cannot_load_the_generation_after_an_erasure_stops_serving_the_one_before(
+        world, monkeypatch):
+    """Another API instance holds the generation from before the erasure; the
+    store then refuses it the new file: it answers 503, never the erased records."""
+    api, key, store = world["api"], world["key"], world["store"]
+    other = Api(Service(Settings.from_env(store_url=store.url, env={
+        "TITEN_SNAPSHOT_TTL": "0", "TITEN_CACHE_DIR": str(world["tmp"] / "other")}), store=store))
+    task = f"{S_MARKS[1]} deploy"
+    assert other.compile(key, task, subject_id="subj_s").json()["data"]["items"]
+    erase(world, "/v1/subjects/subj_s")
+    api.rebuild(key)
+    from core.storage import StoreError
+
+    def refused(*args, **kwargs):
+        raise StoreError("injected: the new generation cannot be read")
+    monkeypatch.setattr(store, "download_file", refused)
+    answer = other.compile(key, task, subject_id="subj_s")
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "UNAVAILABLE"
+    ready = other.get("/readyz", key).json()["data"]
+    assert ready["status"] == "not_ready" and "no longer served: an erasure" in ready["reason"]
+
+
 # -- scope ----------------------------------------------------------------------------
 
 def test_a_key_without_memory_erase_is_forbidden_on_every_erasure_route(world):

@@ -81,7 +81,8 @@ class _OrgState:
     digests: PageDigests | None = None  # the page digests of the served generation's file
     last_load: dict | None = None  # how the last generation was got: road, bytes, deltas, seconds
     last_fallback: str | None = None  # why the deltas road was last left for the whole file
-    failures: int = 0  # refreshes in a row the store failed (backoff: ``SnapshotReader.due``)
+    failures: int = 0  # refreshes in a row the store failed (backoff: ``SnapshotReader.wait``)
+    withdrawn: int | None = None  # a generation withdrawn because an erasure came after it
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def unavailable_reason(self) -> str | None:
@@ -233,9 +234,11 @@ class SnapshotReader:
             state.last_error = None  # the store answers again
         if obj is None or obj.etag == state.refused_etag:
             return state.snapshot
+        pointer = json.loads(obj.body)
         try:
-            snapshot, digests = self._load(org_id, state, json.loads(obj.body))
+            snapshot, digests = self._load(org_id, state, pointer)
         except SnapshotRejected as exc:
+            self._withdraw_erased(state, pointer)
             # the same bad generation is not fetched again; a new pointer is
             served = ("still serving generation %d" % state.snapshot.generation if state.snapshot
                       else "no generation is being served; compile answers 503 until a rebuild "
@@ -246,15 +249,32 @@ class SnapshotReader:
             return state.snapshot
         except Exception as exc:
             logging.getLogger("titen").warning("%s: loading generation failed", org_id, exc_info=True)
-            state.last_error = f"loading the new generation failed: {type(exc).__name__}"
+            withdrawn = self._withdraw_erased(state, pointer) or (state.withdrawn if state.snapshot is None else None)
+            state.withdrawn = withdrawn
+            state.last_error = f"loading the new generation failed: {type(exc).__name__}" + (
+                f"; generation {withdrawn} is no longer served: an erasure was carried out after it"
+                if withdrawn else "")
             note_refresh_failure()
             return state.snapshot
         old, state.snapshot, state.etag, state.last_error = state.snapshot, snapshot, obj.etag, None
+        state.withdrawn = None
         state.digests, state.refusal = digests, None
         if old is not None and old.path != snapshot.path:
             self._discard(old)
         self._make_shadow(state, snapshot)
         return snapshot
+
+    def _withdraw_erased(self, state: _OrgState, pointer: dict) -> int | None:
+        """When the pointer says an erasure was carried out after the served
+        generation (``erased_through``) and the new one cannot be loaded, the
+        served one holds erased records: it is withdrawn (compile answers
+        503) rather than served. Returns its generation, if withdrawn."""
+        snap = state.snapshot
+        if snap is None or int(pointer.get("erased_through") or 0) <= snap.generation:
+            return None
+        state.snapshot, state.etag = None, None
+        self._discard(snap)
+        return snap.generation
 
     def _check_open_file(self, state: _OrgState, *, full: bool) -> None:
         """Evict the served generation when its cached file no longer is the
