@@ -255,6 +255,13 @@ def test_direct_invoke_for_an_unknown_organization_is_refused(lam):
     assert read_pointer(lam.store, "nobody")[0] is None
 
 
+def test_direct_invoke_from_scratch_without_an_organization_is_refused(lam):
+    call(lam, "observation.json")
+    with pytest.raises(ValueError, match="from_scratch needs org_id"):
+        lam.rebuild.handler({"from_scratch": True}, LambdaContext())
+    assert read_pointer(lam.store, "demo")[0] is None
+
+
 def test_a_rebuild_conflict_is_reported_in_the_summary_not_raised(lam, tmp_path):
     call(lam, "observation.json")
     real_store = lam.rebuild.service.store

@@ -140,6 +140,8 @@ class RebuildRunner:
         org_id = event.get("org_id")
         organizations = self.service.ledger.organizations()
         if org_id is None:
+            if from_scratch:  # the scheduled pass would have ignored it
+                raise ValueError("from_scratch needs org_id: a replay from empty is of one organization")
             return organizations, from_scratch
         if not isinstance(org_id, str) or not ORG_ID.fullmatch(org_id):
             raise ValueError("org_id must be 1-63 characters of a-z, 0-9, '_' or '-'")
