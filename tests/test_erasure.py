@@ -7,6 +7,7 @@ local store and on a versioned S3 bucket (moto)."""
 import hashlib
 import json
 import os
+import time
 
 import boto3
 import pytest
@@ -409,6 +410,34 @@ def test_an_instance_that_cannot_load_the_generation_after_an_erasure_stops_serv
     assert answer.status_code == 503 and answer.json()["error"]["code"] == "UNAVAILABLE"
     ready = other.get("/readyz", key).json()["data"]
     assert ready["status"] == "not_ready" and "no longer served: an erasure" in ready["reason"]
+
+
+def test_an_erasure_whose_request_stopped_short_is_carried_out_by_a_later_rebuild(world, monkeypatch):
+    """The status object was stored but the ledger entry was not (the request
+    answered 503): no new entry names the erasure, yet it must not stay pending."""
+    import types
+
+    import core.erasure.work
+    from core.erasure import records
+    from core.snapshot import housekeeping
+    from core.storage import StoreError
+    api, key, service = world["api"], world["key"], world["service"]
+
+    def refused(*args, **kwargs):
+        raise StoreError("injected: the erasure entry did not land")
+    monkeypatch.setattr(service.erasures.ledger, "append", refused)
+    asked = api.client.delete("/v1/subjects/subj_s", headers={"authorization": key["authorization"]})
+    assert asked.status_code == 503
+    monkeypatch.undo()
+    (stranded,) = records.pending(world["store"], "acme")
+    api.rebuild(key)  # a minute has not passed: the request may still be finishing
+    assert status(world, stranded["erasure_id"]).json()["data"]["status"] == "pending"
+    later = time.time() + 120
+    monkeypatch.setattr(core.erasure.work, "time", types.SimpleNamespace(time=lambda: later))
+    housekeeping._last_run.clear()  # the sweep's cadence (every 10 minutes) has come round
+    api.rebuild(key)
+    assert status(world, stranded["erasure_id"]).json()["data"]["status"] == "complete"
+    assert found(world, S_MARKS + ["subj_s"]) == []
 
 
 # -- scope ----------------------------------------------------------------------------

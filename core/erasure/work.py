@@ -12,6 +12,7 @@ idempotent).
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import apsw
@@ -20,7 +21,8 @@ from core.erasure import records
 from core.erasure.purge import LedgerPurge, Purged, Target
 from core.snapshot.erase import Requester
 from core.snapshot.publish import purge_older_generations
-from core.layout import RUN_SUFFIX, erasure_key
+from core.ids import uuid7_ms
+from core.layout import RUN_SUFFIX, entry_key, erasure_key
 from core.ledger import Ledger, encode
 from core.instants import canonical, now_utc
 from core.storage import PreconditionFailed, Store
@@ -75,6 +77,27 @@ class ErasureWork:
                 pass  # stored with the request, as it should be
         self.targets = [(r, target_of(r)) for r in pending]
         return pending
+
+    def stranded(self, db: apsw.Connection, listed: list[str], min_age_ms: int = 60_000) -> list[str]:
+        """Ledger keys of pending erasures a build would never meet: the
+        request stored its status but its ``erasure`` entry did not land
+        (the request answered 503), so no new entry names it. Each such
+        entry is stored now (``pending``) and its key returned for the build
+        to apply. Requests younger than ``min_age_ms`` are left to finish."""
+        try:
+            applied = {e for e, in db.execute("SELECT erasure_id FROM erasures")}
+        except apsw.SQLError:  # a work file not built yet
+            applied = set()
+        now_ms = int(time.time() * 1000)
+        listed_set = set(listed)
+        stranded = [r for r in records.pending(self.store, self.org_id)
+                    if r["erasure_id"] not in applied
+                    and entry_key(self.org_id, r["erasure_id"][len("era_"):]) not in listed_set
+                    and now_ms - uuid7_ms(r["erasure_id"][len("era_"):]) > min_age_ms]
+        if not stranded:
+            return []
+        self.pending()
+        return [entry_key(self.org_id, r["erasure_id"][len("era_"):]) for r in stranded]
 
     def requesters(self) -> dict[str, Requester]:
         """By erasure id, who asked for each pending erasure."""

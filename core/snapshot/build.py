@@ -129,6 +129,7 @@ class SnapshotBuilder:
                                    self.progress)
         self.lexical_stats: dict | None = None  # what the last build did to the candidate index
         self.housekeeping: dict | None = None  # what the last build's sweep removed (core/snapshot/housekeeping.py)
+        self.look_for_stranded = False  # this build also looks for stranded erasures (ErasureWork.stranded)
         self.notes: list[str] = []  # why the last build did not start from the published generation
         self.erasure_work = ErasureWork(store, org_id, self.skew_ms, self.progress)
         self.erasures: Erasures | None = None  # the erasures the last build applied and enforced
@@ -140,7 +141,9 @@ class SnapshotBuilder:
 
     def rebuild(self, *, from_scratch: bool = False, force: bool = False) -> RebuildResult:
         started = time.monotonic()
-        if housekeeping.due(self.store, self.org_id):
+        # on the sweep's cadence, also look for erasures whose request stopped short
+        self.look_for_stranded = housekeeping.due(self.store, self.org_id)
+        if self.look_for_stranded:
             self.housekeeping = housekeeping.sweep(self.store, self.org_id)
         self.notes = []
         self.oldest_applied_ms = None
@@ -355,6 +358,8 @@ class SnapshotBuilder:
                                                   (start_after or "",))}
         keys = [k for k in self.ledger.keys_after(self.org_id, start_after)
                 if not k.endswith(RUN_SUFFIX) and k not in applied_before]
+        if self.look_for_stranded:
+            keys = sorted(keys + self.erasure_work.stranded(db, keys))
         self.erasures = Erasures(db, self.org_id)
         if not keys:
             return 0
