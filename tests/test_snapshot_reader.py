@@ -269,6 +269,19 @@ def test_a_pointer_read_failure_is_reported_then_cleared_when_the_store_answers(
     assert reader.status(ORG)["last_refresh_error"] is None
 
 
+@pytest.mark.parametrize("body", [b"{not json", b"[1, 2]"])
+def test_a_damaged_pointer_keeps_the_verified_generation_serving(store, tmp_path, clock, body):
+    observe(store, "Deploy smoke must pass before release.")
+    publish(store, tmp_path)
+    reader = SnapshotReader(store, str(tmp_path / "cache"), ttl_seconds=1)
+    assert reader.current(ORG).generation == 1
+    pointer = store.get(f"orgs/{ORG}/snapshots/current.json")
+    store.compare_and_swap(f"orgs/{ORG}/snapshots/current.json", body, pointer.etag)
+    clock.now += 1
+    assert reader.current(ORG).generation == 1
+    assert reader.status(ORG)["last_refresh_error"].startswith("loading the new generation failed")
+
+
 def test_while_the_store_keeps_failing_checks_back_off_and_the_generation_keeps_serving(store, tmp_path, clock):
     observe(store, "Deploy smoke must pass before release.")
     publish(store, tmp_path)

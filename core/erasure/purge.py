@@ -233,6 +233,7 @@ class LedgerPurge:
         time; what to rewrite is decided in key order, so a claim found in
         one entry is known to the transitions and feedback after it."""
         self.purged = Purged()
+        self.trusts: dict[str, str | None] = {}
         with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
             self.pool = pool
             read = list(pool.map(self._read, self._candidates(target, db)))
@@ -333,8 +334,13 @@ class LedgerPurge:
     # -- rewriting -------------------------------------------------------------------
 
     def _trust_of(self, observation_id: str) -> str | None:
-        """An observation's trust, read from its ledger entry; None when it
-        is not there (erased, or never written)."""
+        """An observation's trust, read from its ledger entry once per
+        purge; None when it is not there (erased, or never written)."""
+        if observation_id not in self.trusts:
+            self.trusts[observation_id] = self._read_trust(observation_id)
+        return self.trusts[observation_id]
+
+    def _read_trust(self, observation_id: str) -> str | None:
         hex_ = parse_id(observation_id, "obs")
         found = self._read(entry_key(self.org_id, entry_of(hex_))) if hex_ else None
         if found is None:

@@ -50,6 +50,13 @@ def backlog(store: Store, org_id: str) -> Backlog:
     generation = int(pointer["generation"]) if pointer else 0
     if pointer is not None and "watermark" not in pointer:
         return Backlog(org_id, True, generation, "pointer records no watermark")
+    if pointer is not None and pointer.get("erasures"):
+        # published, but the build stopped before finishing them (a purge
+        # refused): the next build finishes them (ErasureWork.recover)
+        from core.erasure import records
+        unfinished = {r["erasure_id"] for r in records.pending(store, org_id)} & set(pointer["erasures"])
+        if unfinished:
+            return Backlog(org_id, True, generation, f"erasure {min(unfinished)} is published but not complete")
     prefix = ledger_prefix(org_id)
     watermark = pointer["watermark"] if pointer else ""
     start_after = prefix + watermark + "~" if watermark else None  # past "<hex>.json" and "<hex>.run.json"

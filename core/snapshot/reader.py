@@ -198,7 +198,7 @@ class SnapshotReader:
         seconds (botocore's retries): backing off keeps that cost to a few
         requests instead of one per TTL, while the served generation keeps
         serving."""
-        if not state.failures:
+        if not state.failures or state.snapshot is None:  # nothing served: every request is a 503 anyway
             return self.ttl
         return min(MAX_BACKOFF_S, self.ttl * 2 ** min(state.failures, 8))
 
@@ -234,7 +234,14 @@ class SnapshotReader:
             state.last_error = None  # the store answers again
         if obj is None or obj.etag == state.refused_etag:
             return state.snapshot
-        pointer = json.loads(obj.body)
+        try:
+            pointer = json.loads(obj.body)
+            if not isinstance(pointer, dict):
+                raise ValueError("the pointer is not a JSON object")
+        except ValueError as exc:  # a damaged pointer: keep serving what was verified
+            state.last_error = f"loading the new generation failed: {type(exc).__name__}"
+            note_refresh_failure()
+            return state.snapshot
         try:
             snapshot, digests = self._load(org_id, state, pointer)
         except SnapshotRejected as exc:
