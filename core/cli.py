@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"titen: {exc.strerror or exc}: {exc.filename}" if exc.filename else f"titen: {exc}", file=sys.stderr)
         return 1
     except RebuildConflict as exc:
-        print(f"titen: {exc}; nothing was published by this run (run it again)", file=sys.stderr)
+        print(f"titen: {exc}; that organization's build was withdrawn (run it again)", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
