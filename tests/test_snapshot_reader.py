@@ -152,13 +152,20 @@ def clock(monkeypatch):
     return fake
 
 
-@pytest.fixture
-def counted(store, tmp_path, clock):
+def serving_generation_1(store, tmp_path, ttl_seconds):
+    """(reader, counting store): one claim published, its generation loaded
+    through a ``CountingStore`` by a reader with this TTL."""
     observe(store, "Deploy smoke must pass before release.")
     publish(store, tmp_path)
     counting = CountingStore(store)
-    reader = SnapshotReader(counting, str(tmp_path / "cache"), ttl_seconds=30)
+    reader = SnapshotReader(counting, str(tmp_path / "cache"), ttl_seconds=ttl_seconds)
     assert reader.current(ORG).generation == 1
+    return reader, counting
+
+
+@pytest.fixture
+def counted(store, tmp_path, clock):
+    reader, counting = serving_generation_1(store, tmp_path, 30)
     assert (counting.pointer_reads, counting.downloads) == (1, 1)
     return reader, counting
 
@@ -250,11 +257,7 @@ def test_a_refused_generation_is_not_downloaded_again(store, tmp_path, clock):
 
 
 def test_a_pointer_read_failure_is_reported_then_cleared_when_the_store_answers(store, tmp_path, clock):
-    observe(store, "Deploy smoke must pass before release.")
-    publish(store, tmp_path)
-    flaky = CountingStore(store)
-    reader = SnapshotReader(flaky, str(tmp_path / "cache"), ttl_seconds=5)
-    assert reader.current(ORG).generation == 1
+    reader, flaky = serving_generation_1(store, tmp_path, 5)
 
     def broken(*args, **kwargs):
         raise ConnectionError("store down")
@@ -271,10 +274,7 @@ def test_a_pointer_read_failure_is_reported_then_cleared_when_the_store_answers(
 
 @pytest.mark.parametrize("body", [b"{not json", b"[1, 2]"])
 def test_a_damaged_pointer_keeps_the_verified_generation_serving(store, tmp_path, clock, body):
-    observe(store, "Deploy smoke must pass before release.")
-    publish(store, tmp_path)
-    reader = SnapshotReader(store, str(tmp_path / "cache"), ttl_seconds=1)
-    assert reader.current(ORG).generation == 1
+    reader, _ = serving_generation_1(store, tmp_path, 1)
     pointer = store.get(f"orgs/{ORG}/snapshots/current.json")
     store.compare_and_swap(f"orgs/{ORG}/snapshots/current.json", body, pointer.etag)
     clock.now += 1
@@ -283,11 +283,7 @@ def test_a_damaged_pointer_keeps_the_verified_generation_serving(store, tmp_path
 
 
 def test_while_the_store_keeps_failing_checks_back_off_and_the_generation_keeps_serving(store, tmp_path, clock):
-    observe(store, "Deploy smoke must pass before release.")
-    publish(store, tmp_path)
-    flaky = CountingStore(store)
-    reader = SnapshotReader(flaky, str(tmp_path / "cache"), ttl_seconds=1)
-    assert reader.current(ORG).generation == 1
+    reader, flaky = serving_generation_1(store, tmp_path, 1)
     attempts = []
 
     def broken(*args, **kwargs):
