@@ -60,7 +60,11 @@ def entry_hex_of(key: str) -> str:
 
 
 def claim_head_key(org_id: str, claim_hex: str) -> str:
-    return f"orgs/{org_id}/claims/{claim_hex}.json"
+    return f"{claim_heads_prefix(org_id)}{claim_hex}.json"
+
+
+def claim_heads_prefix(org_id: str) -> str:
+    return f"orgs/{org_id}/claims/"
 
 
 def idempotency_prefix(org_id: str) -> str:

@@ -7,6 +7,7 @@ local store and on a versioned S3 bucket (moto)."""
 import hashlib
 import json
 import os
+import re
 import time
 
 import boto3
@@ -184,7 +185,13 @@ def test_the_erasure_record_in_the_ledger_is_content_free(world):
     api.rebuild(key)
     records = [json.loads(store.get(k).body) for k in store.list_keys("orgs/acme/ledger/")]
     stubs = [r for r in records if r["type"] == "erased"]
-    assert stubs and all(set(r) == {"entry_id", "type", "org_id", "erasure_id"} for r in stubs)
+    assert stubs and all(set(r) <= {"entry_id", "type", "org_id", "erasure_id", "erased_records"} for r in stubs)
+    # what a stub (or a rewritten entry) records of the erased records is a hash of each id, nothing else
+    taken = [r["erased_records"] for r in records if "erased_records" in r]
+    assert taken
+    for by_erasure in taken:
+        assert set(by_erasure) == {asked["erasure_id"]}
+        assert all(re.fullmatch("[0-9a-f]{64}", h) for h in by_erasure[asked["erasure_id"]])
     erasure = [r for r in records if r.get("erasure_id") == asked["erasure_id"] and r["type"] != "erased"]
     assert {r["type"] for r in erasure} == {"erasure", "erasure_complete"}
     for record in erasure:
@@ -366,6 +373,26 @@ def test_an_erasure_interrupted_after_a_step_leaves_no_copy_once_complete(world,
     api.rebuild(key)
     assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
     assert found(world, S_MARKS + ["subj_s"]) == []
+
+
+@pytest.mark.parametrize("store", ["s3"], indirect=True)
+def test_a_retry_that_reads_the_whole_ledger_still_knows_the_claims_an_interrupted_attempt_stubbed(
+        world, monkeypatch):
+    """The first attempt stubs the observation's entry, whose claim is then
+    named nowhere else in the ledger, and fails before the pack holding that
+    claim is stubbed; the retry starts from empty (``--from-scratch``), so no
+    previous generation says which claims went: the stub must."""
+    api, key, service = world["api"], world["key"], world["service"]
+    obs = world["s_obs"][0]["observation_id"]  # alone supports the S_MARKS[1] claim, which the pack holds
+    asked = erase(world, f"/v1/observations/{obs}")
+    failed = fail_once(monkeypatch, world["store"], "purge_history", lambda k: "/ledger/" in k)
+    assert api.post("/v1/admin/rebuild", b"", key).status_code != 200
+    assert failed
+    monkeypatch.undo()
+    service.rebuild("acme", from_scratch=True)
+    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
+    assert found(world, [S_MARKS[0], S_MARKS[1]]) == []
+    assert api.get(f"/v1/context/{world['pack']['context_id']}", key).status_code == 404
 
 
 @pytest.mark.parametrize("store", ["s3"], indirect=True)

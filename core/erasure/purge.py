@@ -20,7 +20,9 @@ the records created before the erasure:
 Where to look: the previous generation says which entries hold a subject's
 or an observation's records (by entry id); entries written since its
 watermark (less the skew window) are read and checked. Without a previous
-generation that still holds the records, the whole ledger is read.
+generation that still holds the records, the whole ledger is read; what an
+earlier, interrupted attempt already stubbed is then known by the hashes of
+the ids each stub records (``TAKEN``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import apsw
 from core.domain import capped_trust
 from core.erasure.records import target_sha256
 from core.ids import entry_of, parse_id, subject_tag, tag_of, uuid7_floor_hex, uuid7_ms
-from core.layout import RUN_SUFFIX, claim_head_key, entry_hex_of, entry_key, ledger_prefix
+from core.layout import RUN_SUFFIX, claim_head_key, claim_heads_prefix, entry_hex_of, entry_key, ledger_prefix
 from core.ledger import ERASED, MOVED, encode
 from core.meta_table import read_meta
 from core.storage import ObjectNotFound, PreconditionFailed, Store
@@ -60,6 +62,7 @@ class Target:
     runs: set[str] = field(default_factory=set)           # stubbed context ids
     subject_tag: str | None = None  # core.ids.subject_tag of the subject, recorded for reapplying
     reader: str | None = None       # the requesting principal: its counts are of what it could read
+    taken: set[str] = field(default_factory=set)  # hashes of ids an earlier attempt recorded taking (TAKEN)
 
     def __post_init__(self):
         if self.kind == "subject" and self.target_id is not None:
@@ -80,18 +83,32 @@ class Target:
             return False
         return self.names(obs["subject_id"] if self.kind == "subject" else obs["observation_id"])
 
+    def recalled(self, record_id: str, found: set[str]) -> bool:
+        """Whether an earlier attempt recorded taking ``record_id`` (by its
+        hash); if so it joins ``found``, as if this attempt had found it."""
+        if self.taken and taken_hash(self.org_id, record_id) in self.taken:
+            found.add(record_id)
+            return True
+        return False
+
     def erases_observation(self, observation_id: str) -> bool:
         """One of the observations this erasure takes: found so far, or (for
         an observation) named by its hash."""
-        if observation_id in self.observations:
+        if observation_id in self.observations or self.recalled(observation_id, self.observations):
             return True
         return self.kind == "observation" and self.before(observation_id) and self.names(observation_id)
+
+    def takes_claim(self, claim_id: str | None) -> bool:
+        return claim_id is not None and (claim_id in self.claims or self.recalled(claim_id, self.claims))
+
+    def takes_run(self, context_id: str | None) -> bool:
+        return context_id is not None and (context_id in self.runs or self.recalled(context_id, self.runs))
 
     def drops_claim(self, claim: dict) -> bool:
         """A claim of the subject, or one whose every supporting observation
         this erasure takes — whenever it was written: a claim written after
         the erasure was asked that cites only erased evidence goes too."""
-        if claim["claim_id"] in self.claims:
+        if self.takes_claim(claim["claim_id"]):
             return True
         if self.kind == "subject" and self.before(claim["claim_id"]) and self.names(claim["subject_id"]):
             return True
@@ -111,17 +128,74 @@ class Purged:
     visible_feedback_entries: int = 0
 
 
+# Where a rewritten entry or a stub records, per erasure, a hash of each
+# record id it took from the entry (``taken_hash``: never an id, never
+# content). A retry that reads the whole ledger (a build from empty after an
+# attempt that failed part-way) recognizes by them the claims, observations
+# and packs an earlier attempt's stubs no longer name, so the transitions,
+# heads, packs and citations of them still go.
+TAKEN = "erased_records"
+
+
+def taken_hash(org_id: str, record_id: str) -> str:
+    return target_sha256(org_id, "record", record_id)
+
+
 def stub(entry: dict, erasure_id: str) -> dict:
-    return {"entry_id": entry["entry_id"], "type": ERASED, "org_id": entry.get("org_id"), "erasure_id": erasure_id}
+    out = {"entry_id": entry["entry_id"], "type": ERASED, "org_id": entry.get("org_id"), "erasure_id": erasure_id}
+    if entry.get(TAKEN):  # another pending erasure's record, for its own retry
+        out[TAKEN] = entry[TAKEN]
+    return out
 
 
 def rewrite(entry: dict, target: Target, trust_of: Callable[[str], str | None] = lambda _: None) -> dict | None:
     """The entry without what ``target`` erases: a stub when nothing is
     left, None when the entry holds none of it. Records it drops are added
-    to ``target`` (so later entries see the claims found here). A claim it
-    keeps loses its citations of erased observations, and its trust is
-    capped by the supporting evidence left (``trust_of`` an observation id:
-    its trust, None when unknown), as the snapshot caps it."""
+    to ``target`` (so later entries see the claims found here), and their
+    ids recorded in what it writes (``TAKEN``). A claim it keeps loses its
+    citations of erased observations, and its trust is capped by the
+    supporting evidence left (``trust_of`` an observation id: its trust,
+    None when unknown), as the snapshot caps it."""
+    recall(entry, target)
+    new = _rewrite(entry, target, trust_of)
+    if new is None:
+        return None
+    return _recorded(new, target, _held(entry) - _held(new))
+
+
+def _recorded(new: dict, target: Target, ids: set[str]) -> dict:
+    if not ids:
+        return new
+    hashes = sorted(taken_hash(target.org_id, i) for i in ids)
+    return dict(new, **{TAKEN: {**new.get(TAKEN, {}), target.erasure_id: hashes}})
+
+
+def stub_run(entry: dict, target: Target) -> dict:
+    """The stub of a context run (its id recorded, for the feedback on it)
+    or of feedback on a whole pack."""
+    ids = {entry["context_id"]} if entry.get("type") == "context_run" else set()
+    return _recorded(stub(entry, target.erasure_id), target, ids)
+
+
+def recall(entry: dict, target: Target) -> None:
+    """Add to ``target`` what an earlier attempt of it recorded taking from ``entry``."""
+    target.taken.update((entry.get(TAKEN) or {}).get(target.erasure_id) or ())
+
+
+def _held(entry: dict) -> set[str]:
+    """The ids of the observations and claims an entry holds."""
+    kind = entry.get("type")
+    observations = ([entry["observation"]] if kind == "observation"
+                    else entry.get("observations", []) if kind == "batch" else [])
+    ids = {o["observation_id"] for o in observations} | {c["claim_id"] for c in entry.get("claims", [])}
+    if kind == "transition":
+        ids.add(entry["claim_id"])
+        if entry.get("new_claim"):
+            ids.add(entry["new_claim"]["claim_id"])
+    return ids
+
+
+def _rewrite(entry: dict, target: Target, trust_of: Callable[[str], str | None]) -> dict | None:
     kind = entry.get("type")
     if kind == "observation":
         obs = entry["observation"]
@@ -155,7 +229,7 @@ def rewrite(entry: dict, target: Target, trust_of: Callable[[str], str | None] =
         return _without_claims(entry, target, trust_of)
     if kind == "transition":
         new_claim = entry.get("new_claim")
-        if entry["claim_id"] in target.claims or (new_claim and target.drops_claim(new_claim)):
+        if target.takes_claim(entry["claim_id"]) or (new_claim and target.drops_claim(new_claim)):
             if new_claim:
                 target.claims.add(new_claim["claim_id"])
             return stub(entry, target.erasure_id)
@@ -164,7 +238,7 @@ def rewrite(entry: dict, target: Target, trust_of: Callable[[str], str | None] =
             return dict(entry, new_claim=kept) if kept is not new_claim else None
         return None
     if kind == "feedback":
-        if entry.get("claim_id") in target.claims or entry.get("context_id") in target.runs:
+        if target.takes_claim(entry.get("claim_id")) or target.takes_run(entry.get("context_id")):
             return stub(entry, target.erasure_id)
         return None
     return None
@@ -253,6 +327,9 @@ class LedgerPurge:
             # before its older versions went: they go now
             list(pool.map(self.store.purge_history, settled))
             self._purge_runs(target)
+            if target.taken:  # claims an earlier attempt took are named here only by hash: so are their heads
+                for key in self.store.list_keys(claim_heads_prefix(self.org_id)):
+                    target.takes_claim("claim_" + entry_hex_of(key))
             heads = [claim_head_key(self.org_id, hex_) for hex_ in
                      (parse_id(c, "claim") for c in sorted(target.claims)) if hex_ is not None]
             list(pool.map(self.store.purge, heads))
@@ -261,9 +338,10 @@ class LedgerPurge:
 
     def _settled(self, key: str, entry: dict, target: Target) -> bool:
         """An entry needing no rewrite that this erasure may have rewritten
-        before: its stub, or one the previous generation says held its records."""
+        before: its stub, one that records what it took, or one the previous
+        generation says held its records."""
         return ((entry.get("type") == ERASED and entry.get("erasure_id") == target.erasure_id)
-                or key in self.known_keys)
+                or target.erasure_id in (entry.get(TAKEN) or {}) or key in self.known_keys)
 
     # -- where to look -----------------------------------------------------------
 
@@ -396,7 +474,7 @@ class LedgerPurge:
     def _purge_runs(self, target: Target) -> None:
         """Stub the subject's context runs (and feedback on them) that this
         erasure names; runs carry the subject tag in their ids."""
-        if target.kind == "observation" and not target.claims:
+        if target.kind == "observation" and not target.claims and not target.taken:
             return  # runs hold claims, not observations
         tag = subject_tag(self.org_id, target.subject_id) if target.subject_id else target.subject_tag
         if tag is None:
@@ -410,6 +488,7 @@ class LedgerPurge:
                 continue
             key, etag, entry = found
             if self._settled(key, entry, target):  # stubbed by an earlier, failed attempt
+                recall(entry, target)
                 settled.append(key)
                 continue
             if entry.get("type") == "feedback":
@@ -417,17 +496,18 @@ class LedgerPurge:
                 continue
             if entry.get("type") != "context_run":
                 continue
-            items = {i["claim_id"] for i in entry.get("items", [])}
+            items = [i["claim_id"] for i in entry.get("items", [])]
             subject = entry.get("scope", {}).get("subject_id")
-            if (target.kind == "subject" and subject is not None and target.names(subject)) or items & target.claims:
+            if ((target.kind == "subject" and subject is not None and target.names(subject))
+                    or any([target.takes_claim(i) for i in items])):
                 target.runs.add(entry["context_id"])
-                writes.append((key, etag, stub(entry, target.erasure_id)))
+                writes.append((key, etag, stub_run(entry, target)))
                 self.purged.context_runs += 1
                 if target.reader is not None and entry.get("actor") == target.reader:
                     self.purged.visible_context_runs += 1
         for key, etag, entry in feedback:  # feedback on a whole pack: it goes with its run
-            if entry.get("context_id") in target.runs:
-                writes.append((key, etag, stub(entry, target.erasure_id)))
+            if target.takes_run(entry.get("context_id")):
+                writes.append((key, etag, stub_run(entry, target)))
                 self._count_feedback(entry, target)
         list(self.pool.map(lambda w: self._replace(*w), writes))
         list(self.pool.map(self.store.purge_history, settled))
