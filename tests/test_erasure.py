@@ -304,6 +304,24 @@ def test_an_erased_observation_id_is_left_in_no_claim_that_cited_it(world):
     assert from_scratch_agrees(world, incremental)
 
 
+def test_a_stored_pack_citing_an_erased_observation_goes_with_the_citation(world):
+    api, key = world["api"], world["key"]
+    kept = api.observe(key, subject_id="subj_w", content="Kept evidence.")
+    gone = api.observe(key, subject_id="subj_w", content="Evidence to forget.")
+    api.post("/v1/consolidations", {"subject_id": "subj_w", "claims": [
+        {"statement": "The gannet rota is supported twice.", "kind": "semantic_fact", "confidence": 0.9,
+         "sources": [{"observation_id": kept["observation_id"], "relation": "supports"},
+                     {"observation_id": gone["observation_id"], "relation": "supports"}]}]}, key)
+    api.rebuild(key)
+    pack = api.compile(key, "gannet rota", subject_id="subj_w", at=AT).json()["data"]
+    assert gone["observation_id"] in pack["items"][0]["evidence_ids"]
+    erase(world, f"/v1/observations/{gone['observation_id']}")
+    api.rebuild(key)
+    assert api.get(f"/v1/context/{pack['context_id']}", key).status_code == 404
+    assert found(world, [gone["observation_id"]]) == []
+    again = api.compile(key, "gannet rota", subject_id="subj_w", at=AT).json()["data"]
+    assert again["items"][0]["evidence_ids"] == [kept["observation_id"]]
+
 def test_a_claim_citing_only_evidence_whose_erasure_is_pending_goes_with_it(world):
     api, key = world["api"], world["key"]
     gone = api.observe(key, subject_id="subj_x", content="Evidence to forget.")

@@ -473,9 +473,10 @@ class LedgerPurge:
 
     def _purge_runs(self, target: Target) -> None:
         """Stub the subject's context runs (and feedback on them) that this
-        erasure names; runs carry the subject tag in their ids."""
-        if target.kind == "observation" and not target.claims and not target.taken:
-            return  # runs hold claims, not observations
+        erasure names: the subject's, or holding an erased claim, or citing
+        an erased observation as an item's or a conflict's evidence (a
+        stored pack keeps no erased id). Runs carry the subject tag in their
+        ids."""
         tag = subject_tag(self.org_id, target.subject_id) if target.subject_id else target.subject_tag
         if tag is None:
             return
@@ -499,7 +500,7 @@ class LedgerPurge:
             items = [i["claim_id"] for i in entry.get("items", [])]
             subject = entry.get("scope", {}).get("subject_id")
             if ((target.kind == "subject" and subject is not None and target.names(subject))
-                    or any([target.takes_claim(i) for i in items])):
+                    or any([target.takes_claim(i) for i in items]) or _cites(entry, target)):
                 target.runs.add(entry["context_id"])
                 writes.append((key, etag, stub_run(entry, target)))
                 self.purged.context_runs += 1
@@ -511,6 +512,13 @@ class LedgerPurge:
                 self._count_feedback(entry, target)
         list(self.pool.map(lambda w: self._replace(*w), writes))
         list(self.pool.map(self.store.purge_history, settled))
+
+
+def _cites(run: dict, target: Target) -> bool:
+    """Whether a run's stored pack cites an observation ``target`` erases."""
+    pack = run.get("pack") or {}
+    cited = [o for part in ("items", "conflicts") for i in pack.get(part, []) for o in i.get("evidence_ids", [])]
+    return any(target.erases_observation(o) for o in cited)
 
 
 def _chunks(values: list, size: int) -> Iterable[list]:
