@@ -185,7 +185,11 @@ def test_the_erasure_record_in_the_ledger_is_content_free(world):
     api.rebuild(key)
     records = [json.loads(store.get(k).body) for k in store.list_keys("orgs/acme/ledger/")]
     stubs = [r for r in records if r["type"] == "erased"]
-    assert stubs and all(set(r) <= {"entry_id", "type", "org_id", "erasure_id", "erased_records"} for r in stubs)
+    assert stubs and all(set(r) <= {"entry_id", "type", "org_id", "erasure_id", "erased_records", "erased_kind",
+                                    "requester_own"} for r in stubs)
+    # a pack's or feedback's stub says only which of the two it was, and whether the requester's own
+    assert {r.get("erased_kind") for r in stubs} == {None, "context_run", "feedback"}
+    assert {r.get("requester_own") for r in stubs} <= {None, True}
     # what a stub (or a rewritten entry) records of the erased records is a hash of each id, nothing else
     taken = [r["erased_records"] for r in records if "erased_records" in r]
     assert taken
@@ -389,8 +393,12 @@ def test_an_erasure_interrupted_after_a_step_leaves_no_copy_once_complete(world,
         assert backlog(world["store"], "acme").due
     api.rebuild(key)  # the step is taken again before the erasure reads complete
     api.rebuild(key)
-    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
+    done = status(world, asked["erasure_id"]).json()["data"]
+    assert done["status"] == "complete"
     assert found(world, S_MARKS + ["subj_s"]) == []
+    # told what an uninterrupted erasure tells (test_erasing_a_subject_leaves_no_copy_of_its_text_anywhere)
+    assert (done["counts"]["observations"], done["counts"]["claims"], done["counts"]["feedback"]) == (4, 4, 2)
+    assert done["counts"]["context_runs"] >= 1
 
 
 @pytest.mark.parametrize("store", ["s3"], indirect=True)

@@ -126,6 +126,16 @@ class Purged:
     # of those, the requester's own (a pack and its feedback are their compiler's alone)
     visible_context_runs: int = 0
     visible_feedback_entries: int = 0
+    # stubs an earlier, interrupted attempt of the same erasure left: by the
+    # counts above they add to (the erasure's counts are of everything it took)
+    earlier: dict = field(default_factory=dict)
+
+    def taken(self) -> dict:
+        """What the erasure took, over every attempt: the counts it reports."""
+        return {"context_runs": self.context_runs + self.earlier.get("context_runs", 0),
+                "feedback": self.feedback_entries + self.earlier.get("feedback_entries", 0),
+                "visible_context_runs": self.visible_context_runs + self.earlier.get("visible_context_runs", 0),
+                "visible_feedback": self.visible_feedback_entries + self.earlier.get("visible_feedback_entries", 0)}
 
 
 # Where a rewritten entry or a stub records, per erasure, a hash of each
@@ -141,8 +151,18 @@ def taken_hash(org_id: str, record_id: str) -> str:
     return target_sha256(org_id, "record", record_id)
 
 
-def stub(entry: dict, erasure_id: str) -> dict:
+# what a stub of a pack or of feedback says of it, so that a retry of an
+# interrupted erasure still counts it: its kind, and whether the requester
+# compiled or sent it (the counts an erasure reports are of the requester's own)
+COUNTED_KINDS = ("context_run", "feedback")
+
+
+def stub(entry: dict, erasure_id: str, reader: str | None = None) -> dict:
     out = {"entry_id": entry["entry_id"], "type": ERASED, "org_id": entry.get("org_id"), "erasure_id": erasure_id}
+    if entry.get("type") in COUNTED_KINDS:
+        out["erased_kind"] = entry["type"]
+        if reader is not None and entry.get("actor") == reader:
+            out["requester_own"] = True
     if entry.get(TAKEN):  # another pending erasure's record, for its own retry
         out[TAKEN] = entry[TAKEN]
     return out
@@ -174,7 +194,7 @@ def stub_run(entry: dict, target: Target) -> dict:
     """The stub of a context run (its id recorded, for the feedback on it)
     or of feedback on a whole pack."""
     ids = {entry["context_id"]} if entry.get("type") == "context_run" else set()
-    return _recorded(stub(entry, target.erasure_id), target, ids)
+    return _recorded(stub(entry, target.erasure_id, target.reader), target, ids)
 
 
 def recall(entry: dict, target: Target) -> None:
@@ -239,7 +259,7 @@ def _rewrite(entry: dict, target: Target, trust_of: Callable[[str], str | None])
         return None
     if kind == "feedback":
         if target.takes_claim(entry.get("claim_id")) or target.takes_run(entry.get("context_id")):
-            return stub(entry, target.erasure_id)
+            return stub(entry, target.erasure_id, target.reader)
         return None
     return None
 
@@ -321,6 +341,7 @@ class LedgerPurge:
                     writes.append((key, etag, new))
                     self._count(entry, new, target)
                 elif self._settled(key, entry, target):
+                    self._count_earlier(entry, target)
                     settled.append(key)
             list(pool.map(lambda w: self._replace(*w), writes))
             # an entry this erasure already rewrote, in a build that failed
@@ -453,6 +474,18 @@ class LedgerPurge:
         else:
             self.purged.entries_rewritten += 1
 
+    def _count_earlier(self, entry: dict, target: Target) -> None:
+        """Count a pack or feedback stub an earlier attempt of ``target`` left."""
+        if entry.get("type") != ERASED or entry.get("erasure_id") != target.erasure_id:
+            return
+        kind = {"context_run": "context_runs", "feedback": "feedback_entries"}.get(entry.get("erased_kind"))
+        if kind is None:
+            return
+        earlier = self.purged.earlier
+        earlier[kind] = earlier.get(kind, 0) + 1
+        if entry.get("requester_own"):
+            earlier["visible_" + kind] = earlier.get("visible_" + kind, 0) + 1
+
     def _count_feedback(self, entry: dict, target: Target) -> None:
         self.purged.feedback_entries += 1
         if target.reader is not None and entry.get("actor") == target.reader:
@@ -490,6 +523,7 @@ class LedgerPurge:
             key, etag, entry = found
             if self._settled(key, entry, target):  # stubbed by an earlier, failed attempt
                 recall(entry, target)
+                self._count_earlier(entry, target)
                 settled.append(key)
                 continue
             if entry.get("type") == "feedback":

@@ -40,15 +40,16 @@ def requester_of(record: dict) -> Requester:
     return Requester(record["requested_by"], tuple(record.get("requested_workspaces") or ()))
 
 
-def told_counts(erased: dict, purged: Purged) -> dict:
+def told_counts(erased: dict, taken: dict) -> dict:
     """The counts ``GET /v1/erasures/{id}`` shows: of the records erased,
     those its requester could read (DESIGN: a record the caller may not
     read reaches no count). The ledger's ``erasure_complete`` entry keeps
-    the totals, for operators."""
+    the totals, for operators. ``taken``: the ledger purge's counts
+    (``Purged.taken``)."""
     visible = erased.get("visible") or {}
     return {"observations": visible.get("observations", 0), "claims": visible.get("claims", 0),
-            "embeddings": visible.get("embeddings", 0), "context_runs": purged.visible_context_runs,
-            "feedback": purged.visible_feedback_entries}
+            "embeddings": visible.get("embeddings", 0), "context_runs": taken.get("visible_context_runs", 0),
+            "feedback": taken.get("visible_feedback", 0)}
 
 
 class ErasureWork:
@@ -111,6 +112,12 @@ class ErasureWork:
             self.progress(f"{self.org_id}: erasure {record['erasure_id']}: purging the ledger")
             self.purged[record["erasure_id"]] = purge.carry_out(target, db)
 
+    def taken(self, erasure_id: str) -> dict:
+        """The ledger purge's counts of one erasure this build carried out
+        (``Purged.taken``); empty when it carried out none."""
+        purged = self.purged.get(erasure_id)
+        return purged.taken() if purged is not None else {}
+
     def complete(self, erased: dict[str, dict]) -> list[dict]:
         """Mark every pending erasure complete (after the generation without
         their records was published) and append its content-free outcome to
@@ -123,11 +130,13 @@ class ErasureWork:
             erasure_id = record["erasure_id"]
             if erasure_id not in erased:
                 continue  # its entry was not applied by this build (the next one applies it)
-            purged = self.purged.get(erasure_id, Purged())
-            totals = {**erased.get(erasure_id, {}), "context_runs": purged.context_runs,
-                      "feedback": purged.feedback_entries}
+            # the pointer records the purge's counts (``taken``) with the generation,
+            # so a later build finishing this erasure (``recover``) tells the same
+            taken = erased[erasure_id].get("purged") or self.taken(erasure_id)
+            totals = {**erased.get(erasure_id, {}), "context_runs": taken.get("context_runs", 0),
+                      "feedback": taken.get("feedback", 0)}
             finished = records.complete(self.store, self.org_id, record,
-                                        told_counts(erased.get(erasure_id, {}), purged), completed_at)
+                                        told_counts(erased.get(erasure_id, {}), taken), completed_at)
             # under the suffix no snapshot needs: the outcome is for people, not for builds
             ledger.append(self.org_id, "erasure_complete", {
                 "erasure_id": erasure_id, "target_sha256": record["target_sha256"],

@@ -265,7 +265,7 @@ class SnapshotBuilder:
         if self.erasures.applied:
             self.progress(f"{self.org_id}: rewriting the file whole after erasures")
             db.execute("VACUUM")  # no free page keeps a deleted row
-            fields["erasures"] = {erasure_id: erased.as_counts()
+            fields["erasures"] = {erasure_id: {**erased.as_counts(), "purged": self.erasure_work.taken(erasure_id)}
                                   for erasure_id, erased in self.erasures.applied.items()}
         # the last ledger entry applied, and when the ledger was listed:
         # enough to tell, without the snapshot, whether anything is new
