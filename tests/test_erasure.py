@@ -422,6 +422,31 @@ def test_a_retry_that_reads_the_whole_ledger_still_knows_the_claims_an_interrupt
 
 
 @pytest.mark.parametrize("store", ["s3"], indirect=True)
+def test_finishing_an_erasure_spares_a_racing_build_of_a_later_generation(world, monkeypatch):
+    """The erasure's generation N is published but the purge after the swap
+    failed; while a later build finishes it, another build (from N, so
+    holding nothing erased) has uploaded N + 1 and is about to swap it in:
+    its upload stays, every file up to N but the pointer's goes."""
+    from core.erasure.work import ErasureWork
+    from core.layout import snapshot_key
+    api, key, store = world["api"], world["key"], world["store"]
+    asked = erase(world, "/v1/subjects/subj_s")
+    fail_once(monkeypatch, store, "purge_prefix", lambda k: "/snapshots/" in k)
+    assert api.post("/v1/admin/rebuild", b"", key).status_code != 200
+    monkeypatch.undo()
+    pointer = read_pointer(store, "acme")[0]
+    racing = snapshot_key("acme", pointer["generation"] + 1, "racing")
+    store.put_if_absent(racing, b"a build from the erasure's generation")
+    older = [k for k in store.list_keys("orgs/acme/snapshots/") if k != racing and not k.endswith("current.json")
+             and k != pointer["snapshot_key"]]
+    assert older, "the test needs an older generation left behind"
+    ErasureWork(store, "acme", 0).recover(pointer)
+    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
+    assert store.get(racing).body == b"a build from the erasure's generation"
+    assert set(store.list_keys("orgs/acme/snapshots/")) == {racing, pointer["snapshot_key"],
+                                                             "orgs/acme/snapshots/current.json"}
+
+@pytest.mark.parametrize("store", ["s3"], indirect=True)
 def test_a_pointer_swap_whose_answer_was_lost_keeps_the_file_it_published(world, monkeypatch):
     api, key, store = world["api"], world["key"], world["store"]
     api.observe(key, subject_id="subj_t", content="One more.", claim={"statement": "One more checklist.",

@@ -256,6 +256,15 @@ def test_purge_prefix_keeps_only_the_named_keys(store):
     assert store.get("orgs/b/snapshots/0001.sqlite").body == b"other org"
 
 
+def test_purge_prefix_spares_every_version_of_the_keys_it_is_told_to(store):
+    for name in ("0001", "0002", "0003"):
+        store.put_if_absent(f"orgs/a/snapshots/{name}.sqlite", name.encode())
+    store.purge_prefix("orgs/a/snapshots/", keep={"orgs/a/snapshots/0001.sqlite"},
+                       spare=lambda key: key.rsplit("/", 1)[1] >= "0003")
+    assert list(store.list_keys("orgs/a/snapshots/")) == ["orgs/a/snapshots/0001.sqlite",
+                                                          "orgs/a/snapshots/0003.sqlite"]
+
+
 def test_put_if_absent_leaves_no_temporary_name_beside_the_object(store):
     """Whichever way the local store links a body into place (an unnamed
     O_TMPFILE inode, or a named temporary), nothing but the object remains."""

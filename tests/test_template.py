@@ -272,10 +272,11 @@ class RecordingStore(Store):
         self.calls += [("s3:ListBucketVersions", None), ("s3:DeleteObjectVersion", key)]
         return self.inner.purge_history(key)
 
-    def purge_prefix(self, prefix, keep):
+    def purge_prefix(self, prefix, keep, spare=None):
         self.calls.append(("s3:ListBucketVersions", None))
-        self.calls += [("s3:DeleteObjectVersion", k) for k in self.inner.list_keys(prefix) if k not in keep]
-        return self.inner.purge_prefix(prefix, keep)
+        self.calls += [("s3:DeleteObjectVersion", k) for k in self.inner.list_keys(prefix)
+                       if k not in keep and not (spare and spare(k))]
+        return self.inner.purge_prefix(prefix, keep, spare)
 
 
 def _rebuild(store, tmp_path):

@@ -133,8 +133,15 @@ def _landed(store: Store, org_id: str, record: dict) -> bool:
 
 def purge_older_generations(store: Store, org_id: str, record: dict) -> int:
     """Every version of every generation file and delta but those ``record``
-    (the pointer) names: after an erasure, the only generation kept."""
-    return store.purge_prefix(snapshots_prefix(org_id), keep=stored_keys(record) | {pointer_key(org_id)})
+    (the pointer) names, up to its generation: after an erasure, the only
+    generation kept. A higher number is a build from this generation or a
+    later one, so it holds nothing erased, and it may be a racing build's
+    upload on its way to the pointer: it is spared."""
+    def newer(key: str) -> bool:
+        number = snapshot_generation(key)
+        return number is not None and number > record["generation"]
+    return store.purge_prefix(snapshots_prefix(org_id), keep=stored_keys(record) | {pointer_key(org_id)},
+                              spare=newer)
 
 
 def retire_old_generations(store: Store, org_id: str, generation: int, keep: set[str]) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 class StoreError(Exception):
@@ -102,10 +102,11 @@ class Store(abc.ABC):
         return 0
 
     @abc.abstractmethod
-    def purge_prefix(self, prefix: str, keep: set[str]) -> int:
+    def purge_prefix(self, prefix: str, keep: set[str], spare: Callable[[str], bool] | None = None) -> int:
         """Remove every version of every key under ``prefix``, deleted keys'
         versions included, except the current version of the keys in
-        ``keep``; returns how many versions went."""
+        ``keep`` and every version of the keys ``spare`` accepts; returns
+        how many versions went."""
 
     @abc.abstractmethod
     def upload_file(self, key: str, path: str) -> str:

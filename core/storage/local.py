@@ -26,7 +26,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 from core.checksum import file_sha256
 from core.storage.contract import ObjectNotFound, PreconditionFailed, Store, StoredObject, StoreError
@@ -267,10 +267,10 @@ class LocalStore(Store):
     def purge(self, key: str) -> None:
         self.delete(key)  # a replaced or deleted file leaves no older version here
 
-    def purge_prefix(self, prefix: str, keep: set[str]) -> int:
+    def purge_prefix(self, prefix: str, keep: set[str], spare: Callable[[str], bool] | None = None) -> int:
         removed = 0
         for key in list(self.list_keys(prefix)):
-            if key not in keep:
+            if key not in keep and not (spare and spare(key)):
                 self.delete(key)
                 removed += 1
         return removed

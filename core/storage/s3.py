@@ -49,7 +49,7 @@ import os
 import random
 import threading
 import time
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 from urllib.parse import urlparse
 
 import boto3
@@ -366,10 +366,10 @@ class S3Store(Store):
         full = self._full(key)
         return self._delete_versions([(k, v) for k, v, latest in self._versions(full) if k == full and not latest])
 
-    def purge_prefix(self, prefix: str, keep: set[str]) -> int:
+    def purge_prefix(self, prefix: str, keep: set[str], spare: Callable[[str], bool] | None = None) -> int:
         kept = {self._full(k) for k in keep}
         return self._delete_versions([(k, v) for k, v, latest in self._versions(self._full_prefix(prefix))
-                                      if not (latest and k in kept)])
+                                      if not (latest and k in kept) and not (spare and spare(self._strip(k)))])
 
     def delete(self, key: str) -> None:
         try:
