@@ -606,6 +606,23 @@ def test_a_subject_erasure_takes_records_its_requester_cannot_read_but_counts_on
     assert told[0]["told_counts"] == done["counts"]
 
 
+@pytest.mark.parametrize("readable_first", [True, False], ids=["readable claim first", "readable claim last"])
+def test_a_statement_two_erased_claims_share_counts_its_embedding_for_a_requester_who_could_read_either(
+        world, readable_first):
+    api = world["api"]
+    alice, bob = world["key"], api.key(principal="bob", scopes="memory:erase,memory:write")
+    writes = [(bob, "organization"), (alice, "private")]
+    for writer, visibility in (writes if readable_first else writes[::-1]):
+        api.observe(writer, subject_id="subj_q", content="Shared wording.", visibility=visibility,
+                    claim={"statement": "The heron gate opens at nine.", "kind": "semantic_fact",
+                           "confidence": 0.8})
+    api.rebuild(alice)
+    asked = api.client.delete("/v1/subjects/subj_q", headers={"authorization": bob["authorization"]})
+    api.rebuild(alice)
+    done = api.get(f"/v1/erasures/{asked.json()['data']['erasure_id']}", bob).json()["data"]
+    assert done["status"] == "complete"
+    assert (done["counts"]["claims"], done["counts"]["embeddings"]) == (1, 1)
+
 def test_a_retried_write_whose_records_were_erased_is_a_conflict_not_a_second_copy(world):
     api, key = world["api"], world["key"]
     body = {"subject_id": "subj_x", "kind": "tool_result", "content": "once", "source": {"type": "tool", "ref": "r"},

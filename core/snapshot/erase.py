@@ -28,7 +28,7 @@ segment keeps a deleted claim's terms, and the file is rewritten whole
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import apsw
 
@@ -50,6 +50,8 @@ class Erased:
     visible_observations: int = 0
     visible_claims: int = 0
     visible_embeddings: int = 0
+    # statements of erased claims the requester could read (one cached vector may serve several claims)
+    read_statements: set = field(default_factory=set, repr=False, compare=False)
 
     def as_counts(self) -> dict:
         return {"observations": self.observations, "claims": self.claims, "feedback": self.feedback,
@@ -207,12 +209,17 @@ class Erasures:
         self._forget_embedding(statement, visible)
 
     def _forget_embedding(self, statement: str, visible: bool) -> None:
-        """Drop a statement's cached vector once no remaining claim says it."""
+        """Drop a statement's cached vector once no remaining claim says it.
+        The requester is told of it if it could read any of the erased
+        claims saying it, whichever of them went last."""
         db = self.db
         if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'embed_cache'").fetchone() is None:
             return
+        if visible:
+            self.erased.read_statements.add(statement)
         if db.execute("SELECT 1 FROM claims WHERE statement = ? LIMIT 1", (statement,)).fetchone() is not None:
             return
+        visible = statement in self.erased.read_statements
         from core.vectors.embedder import text_sha256  # only where vectors were built
         dropped = self._count("DELETE FROM embed_cache WHERE text_sha256 = ? RETURNING 1", (text_sha256(statement),))
         self.erased.embeddings += dropped
