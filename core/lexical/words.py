@@ -6,11 +6,20 @@ of language fall through it, and this module rewrites their text before the
 tokenizer sees it. The rule: ``index_text`` is applied alike to a statement
 before it enters ``claims_fts`` and to a task before it is planned
 (``core.compile.planning``), so both sides always hold the same words. Text
-in none of the scripts below comes back unchanged (the same object), so
-English, Polish, German and the rest tokenize and count exactly as they
-would without it (their scores move only as any other claim moves them:
-BM25's average length is the organization's).
+already in the form of rule 0 and in none of the scripts below comes back
+unchanged (the same object), so English, Polish, German and the rest
+tokenize and count exactly as they would without it (their scores move only
+as any other claim moves them: BM25's average length is the organization's).
 
+0. **One Unicode form.** The same word reaches us composed (``ü``), decomposed
+   (``u`` and a combining diaeresis, as macOS and some keyboards write it),
+   full-width (``ＡＰＩ``, as Japanese input gives Latin), half-width
+   (``ﾃﾞﾌﾟﾛｲ``) or as a ligature (``ﬁ``). FTS5 folds none of these alike and
+   the planner split a word at each combining mark, so a task typed in one
+   form never found a statement stored in another. Text is brought to NFKC
+   first, and Turkish dotless ``ı`` and dotted ``İ`` become ``i`` and ``I``
+   (FTS5 folds ``İ`` but not ``ı``, so ``DAĞITIM`` never met ``dağıtım``;
+   the cost is that the few Turkish words told apart only by the dot merge).
 1. **Scripts written without spaces.** Chinese and Japanese put no space
    between words and Korean glues particles to them, so a whole clause
    (``金曜日のデプロイには二人目の承認者``) was one token and a task found a claim
@@ -46,6 +55,7 @@ from __future__ import annotations
 
 import re
 import threading
+import unicodedata
 
 import Stemmer
 
@@ -74,7 +84,8 @@ _STEMMED_WORD = re.compile("|".join(f"(?P<{language}>[{letters}]+)" for language
 # word, and a cache of 10,000 caller words of up to 4,000 characters would
 # hold hundreds of MB per thread.
 _local = threading.local()
-WORDS_ID = f"words-1 cjk-bigrams snowball-russian,greek,arabic pystemmer-{Stemmer.version()}"
+_TURKISH_I = str.maketrans({"\u0131": "i", "\u0130": "I"})
+WORDS_ID = f"words-2 nfkc turkish-i cjk-bigrams snowball-russian,greek,arabic pystemmer-{Stemmer.version()}"
 
 
 def _bigrams(match: re.Match) -> str:
@@ -92,9 +103,13 @@ def _stem(match: re.Match) -> str:
 
 
 def index_text(text: str) -> str:
-    """``text`` with every CJK run written as space-separated bigrams and
-    every Cyrillic, Greek or Arabic word as its stem; any other text is
-    returned as it is."""
+    """``text`` in NFKC with Turkish i folded, every CJK run written as
+    space-separated bigrams and every Cyrillic, Greek or Arabic word as its
+    stem; text those rules leave alone is returned as it is."""
+    if not unicodedata.is_normalized("NFKC", text):
+        text = unicodedata.normalize("NFKC", text)
+    if "\u0131" in text or "\u0130" in text:
+        text = text.translate(_TURKISH_I)
     if _CJK_RUN.search(text):
         text = _CJK_RUN.sub(_bigrams, text)
     if _STEMMED_WORD.search(text):
