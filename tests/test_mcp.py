@@ -200,7 +200,16 @@ def test_mcp_without_a_valid_key_is_401_with_a_jsonrpc_error(api, headers, code)
                         headers={**HEADERS, **headers})
     assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
     body = r.json()
-    assert body["id"] == 7 and body["error"]["data"] == {"code": code}
+    # the key is checked before the body is read, so the id is not known (JSON-RPC's null)
+    assert body["id"] is None and body["error"]["data"] == {"code": code}
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b'[{"jsonrpc": "2.0", "id": 1, "method": "ping"}]',
+                                 json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping",
+                                             "params": {"x": "a" * (1 << 20)}}).encode()])
+def test_the_key_is_checked_before_the_body_as_on_every_route(api, raw):
+    r = api.client.post("/mcp", content=raw, headers={**HEADERS, "authorization": "Bearer nope"})
+    assert r.status_code == 401 and r.json()["error"]["data"] == {"code": "UNAUTHENTICATED"}
 
 
 @pytest.mark.parametrize("raw,status,code", [

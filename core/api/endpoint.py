@@ -99,6 +99,11 @@ def mcp_endpoint(service: Service):
         request_id = new_id("req")
         message = None
         try:
+            # the key first, as on every route (docs/api.md §3): a caller
+            # without one learns nothing of how its body would have fared
+            authorization = one_header(request, "Authorization")
+            principal = (service.keys.cached(authorization)
+                         or await run_in_threadpool(service.keys.authenticate, authorization))
             raw = await read_raw(request, service.settings.body_timeout)
             try:
                 message = parse_json_value(raw)
@@ -106,9 +111,8 @@ def mcp_endpoint(service: Service):
                 raise RpcError(PARSE_ERROR, exc.message, 400) from None
             note_rpc(message, TOOLS)  # the request line's rpc_method and tool
             # on the thread pool, like every route's work (docs/architecture.md, "Liveness")
-            answer = await run_in_threadpool(
-                server.handle, message, lambda: service.keys.authenticate(one_header(request, "Authorization")),
-                request_id, request.headers.get("mcp-protocol-version"))
+            answer = await run_in_threadpool(server.handle, message, lambda: principal, request_id,
+                                             request.headers.get("mcp-protocol-version"))
         except RpcError as exc:
             return mcp_error(exc.status, rpc_error(message_id(message), exc.code, exc.message), request_id)
         except ClientDisconnect:  # nobody to answer: one line, no traceback
