@@ -232,6 +232,16 @@ def test_a_405_names_the_methods_the_route_has(api):
     assert r.status_code == 405 and r.headers["allow"] == "POST"
 
 
+@pytest.mark.parametrize("method, path", [("GET", "/v1/context/compile"), ("HEAD", "/v1/context/compile"),
+                                          ("DELETE", "/v1/context/compile"), ("DELETE", "/v1/observations/batch")])
+def test_a_fixed_path_is_not_taken_for_an_id_by_another_method(api, method, path):
+    """``compile`` is not a context id, nor ``batch`` an observation id: the
+    wrong method on those paths is 405 naming theirs, with or without a key."""
+    for headers in ({}, api._headers(api.key(scopes=ALL_SCOPES_WITH_ERASE))):
+        r = api.client.request(method, path, headers=headers)
+        assert r.status_code == 405 and r.headers["allow"] == "POST", (method, path, r.status_code)
+
+
 @pytest.mark.parametrize("method, path", [("POST", "/v1/context/compile/"), ("GET", "/healthz/"),
                                           ("GET", "/v1/claims/claim_x/evidence/")])
 def test_a_path_with_a_slash_too_many_is_an_unknown_route_in_the_envelope(api, method, path):

@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
 
 from core.api.endpoint import endpoint, log, mcp_endpoint
 from core.api.envelope import Serialized, error_response, one_header
@@ -23,6 +23,22 @@ from core.ids import new_id
 from core.observe.request_line import RequestLine
 from core.service import WRITE_ROUTES, Service
 from core.writes.idempotency import HEADER as IDEMPOTENCY_HEADER, parse_key as parse_idempotency_key
+
+
+class IdRoute(Route):
+    """A route with an id in its path that leaves alone the fixed paths
+    other routes own: ``GET /v1/context/compile`` is the compile route's
+    405 (``Allow: POST``), not a stored pack named ``compile`` that is not
+    found, and ``DELETE /v1/observations/batch`` likewise."""
+
+    def __init__(self, path: str, endpoint, *, methods: list[str], fixed: frozenset[str]):
+        super().__init__(path, endpoint, methods=methods)
+        self.fixed = fixed
+
+    def matches(self, scope):
+        if scope["type"] == "http" and scope["path"] in self.fixed:
+            return Match.NONE, {}
+        return super().matches(scope)
 
 
 async def openapi_json(request: Request) -> Response:
@@ -121,16 +137,18 @@ def create_app(service: Service) -> Starlette:
                      "claim_count": result.claim_count, "snapshot_bytes": result.snapshot_bytes,
                      "seconds": round(result.seconds, 3), "notes": list(result.notes)}, {}
 
+    fixed = frozenset({"/v1/context/compile", *(path for path in (route.split(" ", 1)[1] for route in WRITE_ROUTES)
+                                                 if "{" not in path)})
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         *(Route(route.split(" ", 1)[1], write(route), methods=["POST"]) for route in WRITE_ROUTES),
         Route("/v1/claims/{claim_id}/evidence", evidence, methods=["GET"]),
         Route("/v1/context/compile", compile_context, methods=["POST"]),
-        Route("/v1/context/{context_id}", stored_context, methods=["GET"]),
+        IdRoute("/v1/context/{context_id}", stored_context, methods=["GET"], fixed=fixed),
         Route("/v1/admin/rebuild", admin_rebuild, methods=["POST"]),
         Route("/v1/subjects/{subject_id}", erase_subject, methods=["DELETE"]),
-        Route("/v1/observations/{observation_id}", erase_observation, methods=["DELETE"]),
+        IdRoute("/v1/observations/{observation_id}", erase_observation, methods=["DELETE"], fixed=fixed),
         Route("/v1/erasures/{erasure_id}", erasure_status, methods=["GET"]),
         Route("/mcp", mcp_endpoint(service), methods=["POST"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
