@@ -8,6 +8,8 @@ import hashlib
 import json
 import os
 import re
+import subprocess
+import sys
 import time
 
 import boto3
@@ -130,6 +132,33 @@ def status(world, erasure_id):
 
 
 # -- a subject -------------------------------------------------------------------
+
+# a rebuild killed outright (SIGKILL, out of memory, a Lambda timeout) while
+# its work file held the organization's snapshot: no finally removed it
+KILLED_BUILD = """
+import os, shutil, signal, sys
+from core.snapshot.workfiles import WorkFile
+held = WorkFile(sys.argv[1], "build-acme-")
+shutil.copyfile(sys.argv[2], held.path)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_an_erasure_completes_without_the_copy_a_killed_rebuild_left(world):
+    api, key = world["api"], world["key"]
+    work_dir = world["tmp"] / "cache" / "build"
+    kept = work_dir / "kept-acme.sqlite"
+    assert S_MARKS[1].encode() in kept.read_bytes(), "the test needs S's text in the copied snapshot"
+    done = subprocess.run([sys.executable, "-c", KILLED_BUILD, str(work_dir), str(kept)], capture_output=True,
+                          text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == -9, done.stderr
+    assert [name for name in os.listdir(work_dir) if name.startswith("build-acme-")]
+    asked = erase(world, "/v1/subjects/subj_s")
+    api.rebuild(key)
+    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
+    assert found(world, S_MARKS) == []
+    assert not [name for name in os.listdir(work_dir) if name.startswith("build-")]
+
 
 def test_erasing_a_subject_leaves_no_copy_of_its_text_anywhere(world):
     api, key = world["api"], world["key"]

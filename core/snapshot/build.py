@@ -34,7 +34,6 @@ decides. The rules this module enforces:
 from __future__ import annotations
 
 import os
-import secrets
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -52,7 +51,7 @@ from core.ledger import MOVED, Ledger
 from core.lexical import LexicalChanges, update_lexical_index
 from core.meta_table import read_meta, write_meta
 from core.erasure.work import ErasureWork
-from core.snapshot import content_hash, delta, erase, housekeeping, wal
+from core.snapshot import content_hash, delta, erase, housekeeping, wal, workfiles
 from core.snapshot.apply import apply_entry
 from core.snapshot.erase import Erasures
 from core.snapshot.keep import KeptGeneration
@@ -63,6 +62,7 @@ from core.snapshot.delta_policy import DeltaPolicy
 from core.snapshot.pointer import full_of
 from core.snapshot.publish import publish, publish_delta
 from core.snapshot.schema import DDL, SCHEMA_VERSION
+from core.snapshot.workfiles import WorkFile
 from core.storage import Store
 
 DEFAULT_SKEW_SECONDS = 600
@@ -120,7 +120,7 @@ class SnapshotBuilder:
         self.vector_stats = None  # core.vectors.index.SyncStats of the last build, when vectors are on
         self.org_id = org_id
         self.ledger = Ledger(store)
-        self.work_dir = work_dir or tempfile.gettempdir()
+        self.work_dir = work_dir or os.path.join(tempfile.gettempdir(), "titen-build")
         self.skew_ms = int(skew_seconds * 1000)
         self.progress = progress or (lambda message: None)
         self.before_publish = before_publish  # a test seam: a crash just before the swap
@@ -152,7 +152,9 @@ class SnapshotBuilder:
             # a build that published an erasure and stopped before marking it complete
             self.erasure_work.recover(pointer)
         os.makedirs(self.work_dir, exist_ok=True)
-        work = os.path.join(self.work_dir, f"build-{self.org_id}-{secrets.token_hex(6)}.sqlite")
+        self._sweep_work_files()
+        held = WorkFile(self.work_dir, f"build-{self.org_id}-")
+        work = held.path
         self.base = None
         self.delta_stats = None
         try:
@@ -198,17 +200,20 @@ class SnapshotBuilder:
                                     self.progress, self.before_publish, only_generation=bool(erased))
             self.kept.keep(work, generation, published.digests, size)
             if erased:
+                # no file of a killed build keeps what was just erased
+                self._sweep_work_files()
                 self.erasure_work.complete(erased)
             return RebuildResult(self.org_id, generation, True, applied, fields["content_hash"],
                                  fields["claim_count"], size, time.monotonic() - started, published.key,
                                  tuple(self.notes), oldest_applied_ms=self.oldest_applied_ms,
                                  published_bytes=published.uploaded_bytes)
         finally:
-            for suffix in ("", "-journal", "-wal", "-shm"):
-                try:
-                    os.unlink(work + suffix)
-                except FileNotFoundError:
-                    pass
+            held.release()
+
+    def _sweep_work_files(self) -> None:
+        removed = workfiles.sweep(self.work_dir)
+        if removed:
+            self.progress(f"{self.org_id}: removed {removed} work files left by a build that did not finish")
 
     def _build(self, db: apsw.Connection, pointer: dict | None, from_scratch: bool,
                force: bool) -> tuple[int, int, dict] | None:

@@ -192,10 +192,10 @@ def seed_embed_cache(db: apsw.Connection, store, snapshot_key: str, work_dir: st
     whose claims an erasure took (or that no claim says any more) must not
     come back through the previous generation. Best effort: any failure
     just means more texts to embed."""
-    import os
-    import secrets
+    from core.snapshot.workfiles import WorkFile
 
-    path = os.path.join(work_dir, f"seed-{secrets.token_hex(6)}.sqlite")
+    held = WorkFile(work_dir, "seed-")  # a killed build's copy is swept (core/snapshot/workfiles.py)
+    path = held.path
     try:
         store.download_file(snapshot_key, path)
         with db:
@@ -221,8 +221,4 @@ def seed_embed_cache(db: apsw.Connection, store, snapshot_key: str, work_dir: st
         progress(f"vectors: the previous embedding cache could not be reused ({type(exc).__name__})")
         return 0
     finally:
-        for suffix in ("", "-journal"):
-            try:
-                os.unlink(path + suffix)
-            except FileNotFoundError:
-                pass
+        held.release()

@@ -1,0 +1,116 @@
+"""A build's work files, and the ones a dead build left behind.
+
+Why: a build writes an organization's whole snapshot into a work file
+(``build-…``; ``seed-…`` holds the previous generation while a replay
+carries its embeddings over) and removes it when it ends, however it ends —
+but not when its process is killed (SIGKILL, out of memory, a Lambda
+timeout). Such a file holds claims' text, and an erasure that completes
+must leave no readable copy of what it erased (docs/api.md §16).
+
+The rules:
+
+- every work file has a lock file beside it (``<stem>.lock``) whose build
+  holds an ``flock`` on it for as long as the work file exists; the kernel
+  drops the lock when the process dies, however it dies;
+- the lock file is created and locked before its work file exists and
+  removed after it is gone, and a build starts only once it holds the lock
+  of the file still linked at that path (a sweep may have removed the one it
+  created), so a sweep never removes a live build's file;
+- ``sweep`` removes the files of every stem whose lock it can take, and
+  work files with no lock file at all (left by a release before this rule).
+
+An ``flock`` belongs to an open file, not to a process: two builds in one
+process (two organizations on two threads) exclude each other like two
+processes do. The lock file is a file of its own because closing any
+descriptor of the work file would drop the POSIX locks SQLite holds on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import secrets
+
+# a work file, its SQLite side files or a download into it in flight
+# (``.sqlite.part-…``), or its lock file
+_NAME = re.compile(r"(?P<stem>(?:build|seed)-[^/.]*)(?:\.sqlite.*|\.lock)", re.DOTALL)
+SIDE_FILES = ("", "-journal", "-wal", "-shm")
+
+
+class WorkFile:
+    """A fresh work file path in ``work_dir``, held until ``release``."""
+
+    def __init__(self, work_dir: str, prefix: str):
+        while True:
+            stem = os.path.join(work_dir, f"{prefix}{secrets.token_hex(6)}")
+            try:
+                fd = os.open(stem + ".lock", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                if os.stat(stem + ".lock").st_ino == os.fstat(fd).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)  # swept between its creation and its lock: take another name
+        self._stem, self._fd = stem, fd
+        self.path = stem + ".sqlite"
+
+    def release(self) -> None:
+        """Remove the work file (if still here: it may have been moved away to
+        be kept) and its side files, then the lock."""
+        if self._fd is None:
+            return
+        for suffix in SIDE_FILES:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path + suffix)
+        # (a failed download removes its own partial file)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._stem + ".lock")
+        os.close(self._fd)
+        self._fd = None
+
+
+def sweep(work_dir: str) -> int:
+    """Remove the work files of builds that are gone; how many files went."""
+    try:
+        names = os.listdir(work_dir)
+    except FileNotFoundError:
+        return 0
+    stems: dict[str, list[str]] = {}
+    for name in names:
+        match = _NAME.fullmatch(name)
+        if match:
+            stems.setdefault(match["stem"], []).append(name)
+    removed = 0
+    for stem, files in stems.items():
+        lock = os.path.join(work_dir, stem + ".lock")
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except FileNotFoundError:
+            fd = None  # no lock file: left by a build before this rule, or one that just ended
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue  # a live build's
+        elif os.path.exists(lock):
+            continue  # its build began after the listing
+        try:
+            for name in files:
+                if name.endswith(".lock"):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(work_dir, name))
+                    removed += 1
+            if fd is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(lock)
+        finally:
+            if fd is not None:
+                os.close(fd)
+    return removed

@@ -1,0 +1,82 @@
+"""A build's work files hold a whole snapshot, claims' text included: a
+build removes its own however it ends, and the files of a build whose
+process was killed are swept by the next one (core/snapshot/workfiles.py),
+never the files of a build still running."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from core.snapshot import workfiles
+from core.snapshot.workfiles import WorkFile
+
+# a process that starts a work file, writes to it and its side files, and is
+# killed outright (SIGKILL: no finally runs)
+KILLED_BUILD = """
+import os, signal, sys
+from core.snapshot.workfiles import WorkFile
+held = WorkFile(sys.argv[1], "build-acme-")
+for suffix in ("", "-wal", ".part-1-2"):
+    with open(held.path + suffix, "wb") as f:
+        f.write(b"the secret statement")
+print(held.path, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def killed_build(work_dir) -> str:
+    done = subprocess.run([sys.executable, "-c", KILLED_BUILD, str(work_dir)], capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == -9, done.stderr
+    return done.stdout.strip()
+
+
+def test_the_files_of_a_killed_build_are_swept_with_its_lock(tmp_path):
+    path = killed_build(tmp_path)
+    assert os.path.exists(path)
+    assert workfiles.sweep(str(tmp_path)) == 3
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_running_builds_file_is_never_swept_even_from_its_own_process(tmp_path):
+    held = WorkFile(str(tmp_path), "build-acme-")
+    with open(held.path, "wb") as f:
+        f.write(b"in progress")
+    assert workfiles.sweep(str(tmp_path)) == 0
+    assert os.path.exists(held.path)
+    held.release()
+
+
+def test_a_work_file_with_no_lock_file_is_swept(tmp_path):
+    """As an earlier release left them."""
+    (tmp_path / "build-acme-0123456789ab.sqlite").write_bytes(b"old")
+    (tmp_path / "seed-0123456789ab.sqlite-journal").write_bytes(b"old")
+    assert workfiles.sweep(str(tmp_path)) == 2
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", ["kept-acme.sqlite", "kept-acme.json", "builder.txt", "acme-000000000001.sqlite"])
+def test_files_that_are_not_work_files_are_left_alone(tmp_path, name):
+    (tmp_path / name).write_bytes(b"x")
+    killed_build(tmp_path)
+    workfiles.sweep(str(tmp_path))
+    assert os.listdir(tmp_path) == [name]
+
+
+def test_release_removes_the_work_file_its_side_files_and_its_lock(tmp_path):
+    held = WorkFile(str(tmp_path), "seed-")
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        (tmp_path / (os.path.basename(held.path) + suffix)).write_bytes(b"x")
+    held.release()
+    assert os.listdir(tmp_path) == []
+
+
+def test_release_after_the_work_file_was_moved_away_to_be_kept(tmp_path):
+    held = WorkFile(str(tmp_path), "build-acme-")
+    with open(held.path, "wb") as f:
+        f.write(b"published")
+    os.replace(held.path, tmp_path / "kept-acme.sqlite")
+    held.release()
+    assert os.listdir(tmp_path) == ["kept-acme.sqlite"]
