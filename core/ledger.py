@@ -37,6 +37,9 @@ MOVED = "moved"
 # what an erasure leaves at the key of an entry it emptied (core/erasure/purge.py):
 # the key stays taken, so no retry or re-run can write the entry again
 ERASED = "erased"
+# on a stub or an entry an erasure rewrote without some of its records: the
+# sha256 of each record id taken, per erasure id (core/erasure/purge.py)
+ERASED_RECORDS = "erased_records"
 
 
 def encode(entry: dict) -> bytes:

@@ -665,6 +665,24 @@ def test_a_retried_write_whose_records_were_erased_is_a_conflict_not_a_second_co
     assert again.status_code == 409 and "erased" in again.json()["error"]["message"]
 
 
+def test_a_retried_write_whose_records_were_partly_erased_is_a_conflict_not_a_stale_answer(world):
+    """A batch about two subjects, one of them erased: its first answer names
+    an observation that no longer exists, so it is not handed back."""
+    api, key = world["api"], world["key"]
+    item = {"kind": "tool_result", "content": "once", "source": {"type": "tool", "ref": "r"},
+            "visibility": "organization"}
+    body = {"items": [{**item, "subject_id": "subj_x"}, {**item, "subject_id": "subj_y"}]}
+    first = api.post("/v1/observations/batch", body, {**key, "idempotency-key": "k-2"})
+    assert first.status_code == 201, first.text
+    api.rebuild(key)
+    erase(world, "/v1/subjects/subj_x")
+    api.rebuild(key)
+    stored = api.ledger_keys()
+    again = api.post("/v1/observations/batch", body, {**key, "idempotency-key": "k-2"})
+    assert again.status_code == 409 and "erased" in again.json()["error"]["message"]
+    assert api.ledger_keys() == stored
+
+
 def test_ledger_objects_restored_from_a_backup_are_erased_again_by_reapply(world):
     from core.erasure.work import reapply
     api, key, store = world["api"], world["key"], world["store"]

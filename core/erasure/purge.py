@@ -38,7 +38,7 @@ from core.domain import capped_trust
 from core.erasure.records import target_sha256
 from core.ids import entry_of, parse_id, subject_tag, tag_of, uuid7_floor_hex, uuid7_ms
 from core.layout import RUN_SUFFIX, claim_head_key, claim_heads_prefix, entry_hex_of, entry_key, ledger_prefix
-from core.ledger import ERASED, MOVED, encode
+from core.ledger import ERASED, ERASED_RECORDS, MOVED, encode
 from core.meta_table import read_meta
 from core.storage import ObjectNotFound, PreconditionFailed, Store
 
@@ -144,7 +144,7 @@ class Purged:
 # attempt that failed part-way) recognizes by them the claims, observations
 # and packs an earlier attempt's stubs no longer name, so the transitions,
 # heads, packs and citations of them still go.
-TAKEN = "erased_records"
+TAKEN = ERASED_RECORDS
 
 
 def taken_hash(org_id: str, record_id: str) -> str:

@@ -43,7 +43,7 @@ from core.ids import tagged
 from core.instants import canonical, now_utc, parse_instant
 from core.keys import Principal
 from core.layout import IDEMPOTENCY_TTL_SECONDS, idempotency_key
-from core.ledger import ERASED, Ledger
+from core.ledger import ERASED, ERASED_RECORDS, Ledger
 from core.storage import ObjectNotFound, PreconditionFailed, Store
 
 TTL_SECONDS = IDEMPOTENCY_TTL_SECONDS
@@ -195,6 +195,11 @@ class Idempotency:
             return None
         if entry.get("type") == ERASED:
             raise Conflict(f"what the request under this {HEADER} stored was erased ({entry.get('erasure_id')}); "
+                           "send a new key for a new request")
+        if entry.get(ERASED_RECORDS):
+            # the first answer names records that are gone: not handed back
+            erasures = ", ".join(sorted(entry[ERASED_RECORDS]))
+            raise Conflict(f"what the request under this {HEADER} stored was partly erased ({erasures}); "
                            "send a new key for a new request")
         stored = entry["idempotency"]
         return Outcome(stored["status"], stored["data"], True)
