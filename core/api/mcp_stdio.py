@@ -92,6 +92,10 @@ def bridged(url: str, api_key: str | None, timeout: float = 60.0) -> Answer:
             reply = json.loads(body)
         except ValueError:
             return _failed(message, f"{endpoint} answered something other than JSON")
+        if isinstance(reply, dict) and reply.get("id") is None and "error" in reply:
+            # a 401 or 413 is answered before the server reads the body, so
+            # under a null id; the message's own lets the client match it
+            reply["id"] = message_id(message)
         if isinstance(message, dict) and message.get("method") == "initialize":
             version = (reply.get("result") or {}).get("protocolVersion")
             if isinstance(version, str):
