@@ -62,6 +62,9 @@ class Text:
     # choices the reader takes so that a later rule can refuse them with its
     # own message, and the schema therefore leaves out of its enum
     refused: tuple[str, ...] = ()
+    # likewise a format a later rule enforces with its own message: stated
+    # in the schema only
+    format_pattern: str | None = None
 
     def read(self, f, name: str, required: bool):
         return f.string(name, required=required, max_len=self.max_len, pattern=self.pattern,
@@ -72,7 +75,8 @@ class Text:
             s: dict[str, Any] = {"type": "string", "enum": [c for c in self.choices if c not in self.refused]}
         else:
             s = {"type": "string", "maxLength": self.max_len,
-                 "pattern": self.pattern.pattern if self.pattern is not None else NOT_BLANK}
+                 "pattern": (self.pattern.pattern if self.pattern is not None
+                             else self.format_pattern or NOT_BLANK)}
         if self.default is not None:
             s["default"] = self.default
         if self.description:
@@ -233,7 +237,8 @@ OBSERVATION = Record({
 }, ("subject_id", "kind", "content", "source"), "one piece of evidence, optionally with the claim it supports")
 
 CLAIM_SOURCE = Record({
-    "observation_id": Text(max_len=64, description="obs_<32 hex>"),
+    # (refused as "not an observation id" by core/writes/consolidations.py)
+    "observation_id": Text(max_len=64, description="obs_<32 hex>", format_pattern=r"^obs_[0-9a-f]{32}$"),
     "relation": Text(choices=RELATIONS),
 }, ("observation_id", "relation"))
 

@@ -100,6 +100,20 @@ def test_an_identifier_matches_whole_as_the_document_says(api, value, ok):
     assert (r.status_code == 200) is ok, r.text
 
 
+@pytest.mark.parametrize("value", ["obs_" + "0" * 32, "obs_" + "a" * 32, "obs_0", "OBS_" + "0" * 32,
+                                   "obs_" + "A" * 32, "obs_" + "0" * 32 + "x", " obs_" + "0" * 32,
+                                   "claim_" + "0" * 32, "0"])
+def test_an_observation_ids_format_is_in_the_schema_as_the_validator_reads_it(api, value):
+    schema = document()["components"]["schemas"]["Consolidation"]["properties"]["claims"]["items"]
+    source = schema["properties"]["sources"]["items"]["properties"]["observation_id"]
+    key = api.key()
+    r = api.post("/v1/consolidations", {"subject_id": "user_rama", "claims": [
+        {"statement": "x", "kind": "procedural", "confidence": 0.5,
+         "sources": [{"observation_id": value, "relation": "supports"}]}]}, key)
+    refused_as_malformed = r.status_code == 400 and "is not an observation id" in r.text
+    assert (re.search(source["pattern"], value) is None) is refused_as_malformed, r.text
+
+
 # -- schemathesis against titen serve --------------------------------------------------
 
 def _seed(data_dir: Path) -> dict:
