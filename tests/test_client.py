@@ -206,7 +206,7 @@ def test_a_wrong_key_raises_unauthenticated(served):
 
 class Relay:
     """Between the client and the server: ``plan`` says, per attempt, "503"
-    (answer it here), "cut" (pass it on, then close without answering) or
+    or "500" (answer it here), "cut" (pass it on, then close without answering) or
     "pass"; ``seen`` keeps every attempt's method, path and headers."""
 
     def __init__(self, upstream: str, plan: list[str]):
@@ -221,10 +221,11 @@ class Relay:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 relay.seen.append((self.command, self.path, dict(self.headers)))
                 step = relay.plan.pop(0) if relay.plan else "pass"
-                if step == "503":
-                    raw = json.dumps({"error": {"code": "UNAVAILABLE", "message": "relay says retry"},
+                if step in ("503", "500"):
+                    code = "UNAVAILABLE" if step == "503" else "INTERNAL"
+                    raw = json.dumps({"error": {"code": code, "message": "relay says retry"},
                                       "meta": {"request_id": "req_" + "0" * 32}}).encode()
-                    self.send_response(503)
+                    self.send_response(int(step))
                     self.send_header("content-type", "application/json")
                     self.send_header("retry-after", "0")
                     self.send_header("content-length", str(len(raw)))
@@ -292,6 +293,25 @@ def test_a_503_is_retried_with_the_same_idempotency_key_and_the_write_stored_onc
     idempotency_keys = {h.get("Idempotency-Key") or h.get("idempotency-key") for _, _, h in r.seen}
     assert len(idempotency_keys) == 1 and None not in idempotency_keys
     assert len(_ledger(store)) == len(before) + 1
+
+
+def test_a_500_on_a_write_is_retried_with_the_same_idempotency_key_and_stored_once(served, relay, store):
+    """docs/api.md §12: a 500's outcome is unknown, so a keyed write is sent again."""
+    url, keys, _ = served
+    r = relay(["500"])
+    before = _ledger(store)
+    Titen(r.url, keys["all"], backoff=0.01).observe(**OBSERVATION)
+    assert len(r.seen) == 2
+    assert len({h.get("Idempotency-Key") or h.get("idempotency-key") for _, _, h in r.seen}) == 1
+    assert len(_ledger(store)) == len(before) + 1
+
+
+def test_a_500_on_a_read_is_not_retried(served, relay):
+    url, keys, _ = served
+    r = relay(["500"])
+    with pytest.raises(TitenError) as caught:
+        Titen(r.url, keys["all"], backoff=0.01).compile("user_rama", "deploy", max_tokens=1200)
+    assert caught.value.code == "INTERNAL" and len(r.seen) == 1
 
 
 def test_a_write_whose_answer_was_lost_is_retried_and_stored_once(served, relay, store):

@@ -20,9 +20,12 @@ Every method returns the route's ``data``; ``last_meta`` holds the ``meta``
 of the latest answer. A failure raises ``TitenError`` with the envelope's
 ``code``, ``message``, HTTP ``status`` and ``request_id``. A 503 or a
 connection failure is retried with exponential backoff (``retries``
-times). Every write sends an ``Idempotency-Key``, generated once per call
-and reused by its retries, so a write whose answer was lost is stored once
-(the server replays the first answer; docs/api.md, writes you can retry).
+times), and so is a 500 on a write. Every write sends an
+``Idempotency-Key``, generated once per call and reused by its retries, so
+a write whose answer was lost is stored once (the server replays the first
+answer; docs/api.md, writes you can retry). The two erasure calls are not
+writes of that kind (their routes take no key): a retried one whose first
+answer was lost asks for a second erasure, with an id of its own.
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ class Titen:
 
     def request(self, method: str, path: str, body: JSON | None = None, *, write: bool = False,
                 idempotency_key: str | None = None, whole: bool = False) -> Any:
-        """One logical call: retried on 503 and connection failures; returns ``data``
+        """One logical call: retried on 503 and connection failures (a write on 500 too); returns ``data``
         (with ``whole``, a 200's body as it is: the one route without an envelope).
 
         >>> titen.request("GET", "/readyz")["generation"]
@@ -120,7 +123,9 @@ class Titen:
             else:
                 if whole and status == 200:
                     return payload
-                if status != 503 or attempt >= self.retries:
+                # a 500's outcome is unknown too: a write (keyed) is safe to send again
+                retried = status == 503 or (write and status == 500)
+                if not retried or attempt >= self.retries:
                     return self._unwrap(status, payload)
             self._sleep(attempt, retry_after)
             attempt += 1
