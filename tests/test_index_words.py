@@ -144,6 +144,37 @@ LANGUAGES = {
 }
 
 
+# Scripts whose vowel signs and viramas are combining marks (Unicode M*):
+# a word is its letters and its marks, never the letters alone.
+MARKED_WORDS = {
+    "hi": ("शुक्रवार की तैनाती के लिए दूसरा अनुमोदक चाहिए।", "शुक्रवार",
+           "परिनियोजन से पहले सुरक्षा ऑडिट होता है।"),
+    "ta": ("வெள்ளிக்கிழமை வெளியீட்டுக்கு இரண்டாவது ஒப்புதல் தேவை.", "வெள்ளிக்கிழமை",
+           "திங்கள் கூட்டம் பத்து மணிக்கு தொடங்கும்."),
+    "bn": ("শুক্রবার ডিপ্লয়ের জন্য দ্বিতীয় অনুমোদন লাগে।", "শুক্রবার",
+           "সোমবারের সভা দশটায় শুরু হয়।"),
+}
+
+
+@pytest.mark.parametrize("word", ["शुक्रवार", "तैनाती", "வெள்ளிக்கிழமை", "শুক্রবার", "ภาษา"])
+def test_a_word_with_combining_marks_plans_as_one_term(word):
+    assert plan_query(f"{word}, {word}!").terms == (word,)
+
+
+@pytest.mark.parametrize("language", sorted(MARKED_WORDS))
+def test_a_claim_in_a_marked_script_is_found_by_its_word_and_no_other_claim_is(api, language):
+    """Split at its marks, a word was a handful of single letters, and a
+    task matched any claim holding one of them."""
+    statement, task, other = MARKED_WORDS[language]
+    key = api.key()
+    wanted = api.observe(key, claim={"statement": statement, "kind": "procedural", "confidence": 0.9})["claim_id"]
+    api.observe(key, claim={"statement": other, "kind": "procedural", "confidence": 0.9})
+    api.rebuild(key)
+    r = api.compile(key, task)
+    assert r.status_code == 200, r.text
+    assert [item["claim_id"] for item in r.json()["data"]["items"]] == [wanted]
+
+
 @pytest.mark.parametrize("language", sorted(LANGUAGES))
 def test_a_claim_is_found_by_a_task_in_other_words_or_forms(api, language):
     statement, task, other = LANGUAGES[language]
@@ -163,7 +194,7 @@ def test_the_candidate_index_equals_the_fts5_query_on_these_scripts(api):
     rng = random.Random(7)
     words = ["金曜日", "の", "デプロイ", "には", "承認者", "スモークテスト", "部署", "审批人", "测试", "周五",
              "배포는", "승인자", "테스트", "deploy", "smoke", "、", " пятницу ", " пятница ", " ανάπτυξης ",
-             " الجمعة "]
+             " الجمعة ", " शुक्रवार ", " தமிழ் "]
     key = api.key()
     for i in range(40):
         # unspaced, as these languages are written; word frequencies uneven
@@ -177,7 +208,7 @@ def test_the_candidate_index_equals_the_fts5_query_on_these_scripts(api):
     where, params = scope.where()
     checked = 0
     for task in ["デプロイ 承認", "部署 审批人 测试", "배포 승인자", "金曜日 deploy", "スモーク smoke 周五", "пятницы",
-                 "ανάπτυξη الجمعة"]:
+                 "ανάπτυξη الجمعة", "शुक्रवार தமிழ்"]:
         plan = plan_query(task)
         expected = fts_candidates(snapshot.db, where, params, plan.match, 200)
         got = lexical.top_candidates(snapshot.db, "user_rama", where, params, plan.terms, 200)

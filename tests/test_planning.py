@@ -35,3 +35,19 @@ def test_terms_are_case_folded_and_deduplicated():
 def test_words_are_lower_cased_as_the_index_folds_case_not_case_folded():
     # casefold would write ß as ss; the index keeps straße
     assert plan_query("Straße DEPLOY").terms == ("straße", "deploy")
+
+
+def test_the_marks_class_is_every_combining_mark_of_its_unicode_version():
+    """core/lexical/marks.py is generated, not computed at import: it holds
+    exactly the marks (M*) of the Unicode version it names, and every
+    character in it is a mark in this Python's tables whatever their version."""
+    import re
+    import unicodedata
+
+    from core.lexical.marks import MARKS, UNICODE_VERSION
+
+    in_class = re.compile(f"[{MARKS}]")
+    listed = {c for c in range(0x110000) if in_class.fullmatch(chr(c))}
+    assert all(unicodedata.category(chr(c)).startswith("M") for c in listed)
+    if unicodedata.unidata_version == UNICODE_VERSION:
+        assert listed == {c for c in range(0x110000) if unicodedata.category(chr(c)).startswith("M")}

@@ -15,16 +15,19 @@ import math
 import apsw
 import numpy as np
 
-LEX_VERSION = 3
+LEX_VERSION = 4
 K1 = 1.2
 B = 0.75
-FTS_TOKENIZER = "porter unicode61 remove_diacritics 2"
+# Combining marks (M*) are word characters: unicode61's default ("L* N* Co")
+# split Devanagari, Bengali, Tamil… words at each spacing vowel sign
+# (core/lexical/marks.py).
+FTS_TOKENIZER = "porter unicode61 remove_diacritics 2 categories 'L* N* Co M*'"
 # the same tokenizer as apsw's Connection.fts5_tokenizer takes it
-FTS_TOKENIZER_ARGS = (FTS_TOKENIZER.split()[0], FTS_TOKENIZER.split()[1:])
+FTS_TOKENIZER_ARGS = ("porter", ["unicode61", "remove_diacritics", "2", "categories", "L* N* Co M*"])
 # contentless: the statement text lives once, in claims
 FTS_DDL = f"""
 CREATE VIRTUAL TABLE claims_fts USING fts5(
-  statement, content='', contentless_delete=1, tokenize='{FTS_TOKENIZER}');
+  statement, content='', contentless_delete=1, tokenize="{FTS_TOKENIZER}");
 """
 
 LEX_DDL = """

@@ -1,7 +1,7 @@
 """How text becomes the words the index holds, in languages FTS5 alone cannot search.
 
 FTS5's tokenizer (``porter unicode61``) splits text at anything that is not
-a letter or a digit, folds case and diacritics, and stems English. Two kinds
+a letter, a digit or a combining mark, folds case and diacritics, and stems English. Two kinds
 of language fall through it, and this module rewrites their text before the
 tokenizer sees it. The rule: ``index_text`` is applied alike to a statement
 before it enters ``claims_fts`` and to a task before it is planned
@@ -85,7 +85,7 @@ _STEMMED_WORD = re.compile("|".join(f"(?P<{language}>[{letters}]+)" for language
 # hold hundreds of MB per thread.
 _local = threading.local()
 _TURKISH_I = str.maketrans({"\u0131": "i", "\u0130": "I"})
-WORDS_ID = f"words-2 nfkc turkish-i cjk-bigrams snowball-russian,greek,arabic pystemmer-{Stemmer.version()}"
+WORDS_ID = f"words-3 nfkc turkish-i marks-in-words cjk-bigrams snowball-russian,greek,arabic pystemmer-{Stemmer.version()}"
 
 
 def _bigrams(match: re.Match) -> str:

@@ -8,8 +8,8 @@ path does no per-request aggregation: a claim row carries its reported
 time in epoch seconds and its evidence list.
 
 FTS5 tokenizer (``core.lexical.FTS_TOKENIZER``): ``porter unicode61
-remove_diacritics 2`` — Unicode word
-splitting, case folding, diacritics folded (``café`` matches ``cafe``) and
+remove_diacritics 2 categories 'L* N* Co M*'`` — Unicode word
+splitting (letters, digits and combining marks make words), case folding, diacritics folded (``café`` matches ``cafe``) and
 Porter stemming (``deploys`` matches ``deploy``). The index is contentless
 (the statement text lives once, in ``claims``) and holds only claims whose
 status can still be compiled (active, disputed); superseded, expired and
