@@ -20,6 +20,9 @@ as any other claim moves them: BM25's average length is the organization's).
    first, and Turkish dotless ``ı`` and dotted ``İ`` become ``i`` and ``I``
    (FTS5 folds ``İ`` but not ``ı``, so ``DAĞITIM`` never met ``dağıtım``;
    the cost is that the few Turkish words told apart only by the dot merge).
+   Hebrew vowel points and cantillation marks are removed: Hebrew is mostly
+   written without them, and FTS5 folds none of them, so pointed ``שָׁלוֹם``
+   never met ``שלום``.
 1. **Scripts written without spaces.** Chinese and Japanese put no space
    between words and Korean glues particles to them, so a whole clause
    (``金曜日のデプロイには二人目の承認者``) was one token and a task found a claim
@@ -85,7 +88,10 @@ _STEMMED_WORD = re.compile("|".join(f"(?P<{language}>[{letters}]+)" for language
 # hold hundreds of MB per thread.
 _local = threading.local()
 _TURKISH_I = str.maketrans({"\u0131": "i", "\u0130": "I"})
-WORDS_ID = f"words-3 nfkc turkish-i marks-in-words cjk-bigrams snowball-russian,greek,arabic pystemmer-{Stemmer.version()}"
+# the nonspacing marks of the Hebrew block (points and cantillation); its
+# punctuation (maqaf, paseq, sof pasuq, nun hafukha) stays
+_HEBREW_POINT = re.compile("[\u0591-\u05bd\u05bf\u05c1\u05c2\u05c4\u05c5\u05c7]")
+WORDS_ID = f"words-3 nfkc turkish-i hebrew-points marks-in-words cjk-bigrams snowball-russian,greek,arabic pystemmer-{Stemmer.version()}"
 
 
 def _bigrams(match: re.Match) -> str:
@@ -103,13 +109,15 @@ def _stem(match: re.Match) -> str:
 
 
 def index_text(text: str) -> str:
-    """``text`` in NFKC with Turkish i folded, every CJK run written as
+    """``text`` in NFKC with Turkish i folded and Hebrew points removed, every CJK run written as
     space-separated bigrams and every Cyrillic, Greek or Arabic word as its
     stem; text those rules leave alone is returned as it is."""
     if not unicodedata.is_normalized("NFKC", text):
         text = unicodedata.normalize("NFKC", text)
     if "\u0131" in text or "\u0130" in text:
         text = text.translate(_TURKISH_I)
+    if _HEBREW_POINT.search(text):
+        text = _HEBREW_POINT.sub("", text)
     if _CJK_RUN.search(text):
         text = _CJK_RUN.sub(_bigrams, text)
     if _STEMMED_WORD.search(text):
