@@ -105,14 +105,15 @@ def test_the_relay_never_answers_a_notification_even_when_the_server_is_unreacha
 
 
 def test_the_relay_answers_a_refused_message_under_its_own_id(served):
-    """Over HTTP a 401 or 413 is answered before the body is read, so its
-    id is null; the relay has read the message and knows it (a null id left
-    the SDK's stdio client waiting forever)."""
+    """Over HTTP a 401 is answered before the body is read, so its id is
+    null; the relay has read the message and knows it (a null id left the
+    SDK's stdio client waiting forever). A message over 1 MiB the relay
+    refuses itself, under its id, without sending it."""
     url, keys = served
     lines = (b'{"jsonrpc": "2.0", "id": 5, "method": "ping"}\n'
              + json.dumps({"jsonrpc": "2.0", "id": "big", "method": "ping",
                            "params": {"x": "a" * (1 << 20)}}).encode() + b"\n")
-    for api_key, codes in (("titen_sk_" + "x" * 43, ["UNAUTHENTICATED", "UNAUTHENTICATED"]),
+    for api_key, codes in (("titen_sk_" + "x" * 43, ["UNAUTHENTICATED", "PAYLOAD_TOO_LARGE"]),
                            (keys["all"], [None, "PAYLOAD_TOO_LARGE"])):
         proc = subprocess.run([TITEN, "mcp", "--url", url], input=lines, capture_output=True, timeout=60,
                               env={**os.environ, "TITEN_API_KEY": api_key})

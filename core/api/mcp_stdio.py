@@ -24,7 +24,7 @@ from core.errors import TitenError, ValidationError
 from core.ids import new_id
 from core.api.mcp import PARSE_ERROR, SERVER_ERROR, McpServer, RpcError, message_id, rpc_error
 from core.budget.items import dumps
-from core.validation import parse_json_value
+from core.validation import MAX_BODY_BYTES, parse_json_value
 
 Answer = Callable[[bytes], "dict | None"]
 
@@ -73,12 +73,19 @@ def bridged(url: str, api_key: str | None, timeout: float = 60.0) -> Answer:
             message = json.loads(line)
         except ValueError:
             return rpc_error(None, PARSE_ERROR, "not valid JSON")
+        raw = line.strip()
+        if len(raw) > MAX_BODY_BYTES:
+            # refused here, as the server would: a server answers 413 while
+            # the body is still arriving and may close before it is all sent
+            # (the relay then saw a broken connection, not the 413)
+            return rpc_error(message_id(message), SERVER_ERROR, f"request body is {len(raw)} bytes; the limit is "
+                             f"{MAX_BODY_BYTES} (1 MiB)", {"code": "PAYLOAD_TOO_LARGE"})
         headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
         if api_key:
             headers["authorization"] = "Bearer " + api_key
         if "version" in negotiated:
             headers["mcp-protocol-version"] = negotiated["version"]
-        request = urllib.request.Request(endpoint, data=line.strip(), method="POST", headers=headers)
+        request = urllib.request.Request(endpoint, data=raw, method="POST", headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 body = response.read()
