@@ -29,6 +29,22 @@ def can_read(principal: Principal, visibility: str, workspace_id: str | None, ow
     return visibility == "private" and owner_id == principal.principal_id
 
 
+def reader_tag(visibility: str, workspace_id: str | None, owner_id: str) -> str:
+    """Who may read a record, as one value an index partitions on (the
+    candidate postings, the vector rows): ``can_read`` as membership in
+    ``reader_tags``."""
+    if visibility == "organization":
+        return "org"
+    if visibility == "team":
+        return f"team:{workspace_id}" if workspace_id is not None else "none"
+    return f"private:{owner_id}"
+
+
+def reader_tags(principal: Principal) -> list[str]:
+    """The ``reader_tag`` values this principal may read."""
+    return ["org", f"private:{principal.principal_id}", *(f"team:{w}" for w in principal.workspaces)]
+
+
 def visibility_sql(principal: Principal, alias: str = "c") -> tuple[str, list]:
     """A predicate over ``alias.visibility/workspace_id/owner_id`` and its params."""
     parts = [f"{alias}.visibility = 'organization'",

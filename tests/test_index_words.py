@@ -20,6 +20,7 @@ from core.compile.planning import plan_query
 from core.compile.retrieval import CompileScope, fts_candidates
 from core.keys import Principal
 from core.lexical.words import hiragana_only, index_text
+from core.scope import reader_tags
 from conftest import ALL_SCOPES
 
 
@@ -213,7 +214,8 @@ def test_the_candidate_index_equals_the_fts5_query_on_these_scripts(api):
                  "ανάπτυξη الجمعة", "शुक्रवार தமிழ்"]:
         plan = plan_query(task)
         expected = fts_candidates(snapshot.db, where, params, plan.match, 200)
-        got = lexical.top_candidates(snapshot.db, "user_rama", where, params, plan.terms, 200)
+        got = lexical.top_candidates(snapshot.db, "user_rama", reader_tags(scope.principal), where, params,
+                                     plan.terms, 200)
         if got is None:  # this platform's FTS5 sums this many phrases its own way
             continue
         assert expected and got == expected, task

@@ -15,6 +15,7 @@ from core import lexical
 from core.keys import Principal
 from core.compile.planning import plan_query
 from core.compile.retrieval import CompileScope, fts_candidates
+from core.scope import can_read, reader_tag, reader_tags
 from core.snapshot.schema import DDL
 from tests.snapshot_rows import insert_claim
 
@@ -88,7 +89,8 @@ def _answers_as_fts5(db, rng, *, tries: int, k: int) -> int:
             continue
         where, params = scope.where()
         expected = fts_candidates(db, where, params, plan.match, k)
-        assert lexical.top_candidates(db, scope.subject_id, where, params, plan.terms, k) == expected
+        assert lexical.top_candidates(db, scope.subject_id, reader_tags(scope.principal), where, params, plan.terms,
+                                      k) == expected
         checked += 1
     return checked
 
@@ -108,7 +110,7 @@ def test_equals_fts5_query(seed):
         k = rng.choice([1, 3, 10, 50, 200])
         where, params = scope.where()
         expected = fts_candidates(db, where, params, plan.match, k)
-        got = lexical.top_candidates(db, scope.subject_id, where, params, plan.terms, k)
+        got = lexical.top_candidates(db, scope.subject_id, reader_tags(scope.principal), where, params, plan.terms, k)
         if got is None:  # this platform's FTS5 sums this many phrases its own way: FTS5 answers
             assert not lexical.phrase_count_exact(len(plan.terms))
             checked += 1
@@ -129,7 +131,31 @@ def test_repeated_and_stemmed_terms_count_per_phrase():
     for terms in (("deploy", "deploys", "deploying"), ("cafe", "café"), ("smoke", "smoke")):
         match = " OR ".join(f'"{t}"' for t in terms)
         expected = fts_candidates(db, where, params, match, 20)
-        assert lexical.top_candidates(db, scope.subject_id, where, params, terms, 20) == expected
+        assert lexical.top_candidates(db, scope.subject_id, reader_tags(scope.principal), where, params, terms, 20) == expected
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_callers_lists_hold_only_claims_the_caller_may_read(seed):
+    """DESIGN: a record the caller may not read never reaches timing-visible
+    work. The lists a compile reads are its readers' (core.scope.reader_tags):
+    another principal's private claims and other workspaces' team claims are
+    in lists it never opens, so their number costs it nothing."""
+    rng = random.Random(seed)
+    db = _corpus(rng, 300)
+    with db:
+        lexical.build_lexical_index(db)
+    state = lexical.query._state(db)
+    who = {rowid: (vis, ws, owner) for rowid, vis, ws, owner in
+           db.execute("SELECT rowid, visibility, workspace_id, owner_id FROM claims")}
+    tokens = [term for term, in db.execute("SELECT term FROM lex_terms")]
+    hidden_somewhere = False
+    for _ in range(10):
+        scope = _scope(rng)
+        lists = lexical.query._lists(db, state, scope.subject_id, reader_tags(scope.principal), tokens)
+        read = {int(r) for rowids, *_ in lists.values() for r in rowids}
+        assert read and all(can_read(scope.principal, *who[r]) for r in read)
+        hidden_somewhere |= any(not can_read(scope.principal, *who[r]) for r in who)
+    assert hidden_somewhere  # the corpus holds claims these callers may not read
 
 
 def test_falls_back_when_it_cannot_answer_exactly():
@@ -138,14 +164,14 @@ def test_falls_back_when_it_cannot_answer_exactly():
     scope = CompileScope(Principal("org", "u1", "key", frozenset(), ()), "s1", None, TIMES[3])
     where, params = scope.where()
     # no lex tables
-    assert lexical.top_candidates(db, "s1", where, params, ("deploy",)) is None
+    assert lexical.top_candidates(db, "s1", reader_tags(scope.principal), where, params, ("deploy",)) is None
     with db:
         lexical.build_lexical_index(db)
-    fresh = lambda: lexical.top_candidates(db, "s1", where, params, ("deploy",))  # noqa: E731
+    fresh = lambda: lexical.top_candidates(db, "s1", reader_tags(scope.principal), where, params, ("deploy",))  # noqa: E731
     lexical.query._STATES.clear()
     assert fresh() is not None
     # a term FTS5 splits into a phrase of two tokens
-    assert lexical.top_candidates(db, "s1", where, params, ("foo-bar",)) is None
+    assert lexical.top_candidates(db, "s1", reader_tags(scope.principal), where, params, ("foo-bar",)) is None
     # the index changed after the lex tables were built: stale, not used
     db.execute("INSERT INTO claims_fts(rowid, statement) VALUES(999999, 'deploy')")
     lexical.query._STATES.clear()
@@ -159,21 +185,21 @@ def test_empty_index():
         lexical.build_lexical_index(db)
     scope = CompileScope(Principal("org", "u1", "key", frozenset(), ()), "s1", None, TIMES[3])
     where, params = scope.where()
-    assert lexical.top_candidates(db, "s1", where, params, ("deploy",)) == []
+    assert lexical.top_candidates(db, "s1", reader_tags(scope.principal), where, params, ("deploy",)) == []
 
 
 # -- the incremental build -------------------------------------------------------
 
 def _lex_tables(db: apsw.Connection) -> tuple[list, list, list]:
     """What the index holds, whatever its blocks: the statistics, every
-    (subject, term) list's rowids and (tf, D) inputs joined across its
+    (subject, reader, term) list's rowids and (tf, D) inputs joined across its
     blocks, and every term's df."""
     lists: dict = {}
-    for subject_id, term, first, n, rowids, tfdl in db.execute(
-            "SELECT subject_id, term, first_rowid, n, rowids, tfdl FROM lex_postings"
-            " ORDER BY subject_id, term, first_rowid"):
+    for subject_id, reader, term, first, n, rowids, tfdl in db.execute(
+            "SELECT subject_id, reader, term, first_rowid, n, rowids, tfdl FROM lex_postings"
+            " ORDER BY subject_id, reader, term, first_rowid"):
         assert n * 8 == len(tfdl) and n > 0
-        rows, inputs = lists.setdefault((subject_id, term), (bytearray(), bytearray()))
+        rows, inputs = lists.setdefault((subject_id, reader, term), (bytearray(), bytearray()))
         rows += rowids
         inputs += tfdl
     return (db.execute("SELECT * FROM lex_stats").fetchall(),
@@ -183,20 +209,23 @@ def _lex_tables(db: apsw.Connection) -> tuple[list, list, list]:
 
 def _change_index(db: apsw.Connection, rng: random.Random, changes: lexical.LexicalChanges, n: int) -> None:
     """As the builder does: new claims enter the index, others leave it."""
-    indexed = db.execute("SELECT rowid, subject_id, statement FROM claims WHERE indexed = 1").fetchall()
-    for rowid, subject_id, statement in rng.sample(indexed, min(len(indexed), n // 3)):
+    indexed = db.execute("SELECT rowid, subject_id, statement, visibility, workspace_id, owner_id FROM claims"
+                         " WHERE indexed = 1").fetchall()
+    for rowid, subject_id, statement, *who in rng.sample(indexed, min(len(indexed), n // 3)):
         db.execute("DELETE FROM claims_fts WHERE rowid = ?", (rowid,))
         db.execute("UPDATE claims SET indexed = 0, status = 'revoked' WHERE rowid = ?", (rowid,))
-        changes.deleted(rowid, subject_id, statement)
+        changes.deleted(rowid, subject_id, reader_tag(*who), statement)
     for i in range(n):
         statement = _statement(rng)
         subject_id = rng.choice(SUBJECTS + ["s4"])  # s4: lists that do not exist yet
+        vis = rng.choice(["organization", "team", "private"])  # lists of every kind of reader
+        workspace_id = "w1" if vis == "team" else None
         rowid = insert_claim(db, f"clm_new_{rng.getrandbits(40):010x}_{i}", statement, org_id="org",
-                             subject_id=subject_id, visibility="organization", owner_id="u1", kind="semantic_fact",
-                             confidence=0.9, trust="observed", trust_level=1, valid_from=TIMES[0],
-                             created_at=TIMES[0], created_s=0, indexed=1)
+                             subject_id=subject_id, visibility=vis, workspace_id=workspace_id, owner_id="u1",
+                             kind="semantic_fact", confidence=0.9, trust="observed", trust_level=1,
+                             valid_from=TIMES[0], created_at=TIMES[0], created_s=0, indexed=1)
         db.execute("INSERT INTO claims_fts(rowid, statement) VALUES(?, ?)", (rowid, statement))
-        changes.inserted(rowid, subject_id, statement)
+        changes.inserted(rowid, subject_id, reader_tag(vis, workspace_id, "u1"), statement)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -238,7 +267,7 @@ def test_the_incremental_build_answers_as_the_fts5_query():
         match = " OR ".join(f'"{t}"' for t in terms)
         expected = fts_candidates(db, where, params, match, 10)
         assert expected
-        assert lexical.top_candidates(db, scope.subject_id, where, params, terms, 10) == expected
+        assert lexical.top_candidates(db, scope.subject_id, reader_tags(scope.principal), where, params, terms, 10) == expected
 
 
 def test_changes_that_do_not_account_for_the_index_rebuild_it_whole():
@@ -297,12 +326,12 @@ def test_the_probe_picks_the_model_matching_this_platforms_fts5(monkeypatch):
     assert set(here) == set(range(1, lexical.PROBE_MAX_PHRASES + 1)), here
     real = lexical.query._top_candidates
 
-    def platform_with_fused_odd_sums(db, subject_id, where, params, terms, k, fused_last=False):
+    def platform_with_fused_odd_sums(db, subject_id, readers, where, params, terms, k, fused_last=False):
         # stand-in for a platform whose FTS5 fuses odd sums: the fused model
         # answers as its FTS5 does, the plain model misses by an ulp on odd
         # counts. "As its FTS5 does" is this platform's FTS5, i.e. the model
         # the probe found here.
-        got = real(db, subject_id, where, params, terms, k, fused_last=here[len(terms)] == "fused")
+        got = real(db, subject_id, readers, where, params, terms, k, fused_last=here[len(terms)] == "fused")
         if got and len(terms) % 2 == 1 and len(terms) > 1 and not fused_last:
             return [(rowid, math.nextafter(bm25, 0.0)) for rowid, bm25 in got]
         return got
@@ -323,9 +352,9 @@ def test_a_phrase_count_no_model_matches_is_answered_by_fts5(monkeypatch):
     monkeypatch.setattr(lexical.probe, "_modes", {1: "plain", 2: "plain", 4: "plain", 6: "plain", 8: "plain"})
     scope = CompileScope(Principal("org", "u1", "key", frozenset(), ("w1", "w2")), "s1", None, TIMES[3])
     where, params = scope.where()
-    assert lexical.top_candidates(db, "s1", where, params, ("deploy", "smoke", "test"), 10) is None
-    assert lexical.top_candidates(db, "s1", where, params, ("deploy", "smoke"), 10) is not None
-    assert lexical.top_candidates(db, "s1", where, params, ("deploy",) * 11, 10) is None  # beyond the probe
+    assert lexical.top_candidates(db, "s1", reader_tags(scope.principal), where, params, ("deploy", "smoke", "test"), 10) is None
+    assert lexical.top_candidates(db, "s1", reader_tags(scope.principal), where, params, ("deploy", "smoke"), 10) is not None
+    assert lexical.top_candidates(db, "s1", reader_tags(scope.principal), where, params, ("deploy",) * 11, 10) is None  # beyond the probe
 
 
 def _fused_model(db, where, params, terms, k):
@@ -375,7 +404,8 @@ def test_the_fused_model_answers_as_a_fused_fts5_would(seed):
             continue
         k = rng.choice([1, 5, 20, 200])
         where, params = scope.where()
-        got = lexical.query._top_candidates(db, scope.subject_id, where, params, plan.terms, k, fused_last=True)
+        got = lexical.query._top_candidates(db, scope.subject_id, reader_tags(scope.principal), where, params, plan.terms, k,
+                                              fused_last=True)
         if got is None:  # a term FTS5 splits into several tokens
             continue
         assert got == _fused_model(db, where, params, plan.terms, k), (plan.terms, k)
@@ -454,7 +484,7 @@ def test_pricing_with_another_libm_would_be_wrong_here(monkeypatch):
         with monkeypatch.context() as other:
             other.setattr(lexical.bm25, "math", _OtherLibm())
             lexical.query._STATES.clear()
-            served.append((lexical.top_candidates(db, scope.subject_id, where, params, plan.terms, 50), expected))
+            served.append((lexical.top_candidates(db, scope.subject_id, reader_tags(scope.principal), where, params, plan.terms, 50), expected))
         lexical.query._STATES.clear()
     assert sum(got is not None and got != expected for got, expected in served) > 10
 

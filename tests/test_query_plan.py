@@ -212,7 +212,7 @@ def test_postings_are_looked_up_by_primary_key(snapshot):
         for sql, bindings in _statements(seen, r"FROM lex_postings"):
             lines = _plan(snapshot.db, sql, bindings)
             access = [line for line in lines if "lex_postings" in line]
-            assert access and all(line.startswith("SEARCH lex_postings USING PRIMARY KEY (subject_id=? AND term=?)")
+            assert access and all(line.startswith("SEARCH lex_postings USING PRIMARY KEY (subject_id=? AND reader=? AND term=?)")
                                   for line in access), f"lex_postings not by its key\nSQL: {sql}\nplan: {lines}"
         for sql, bindings in _statements(seen, r"FROM lex_terms"):
             lines = _plan(snapshot.db, sql, bindings)

@@ -17,7 +17,7 @@ from core.compile.planning import QueryPlan
 from core.domain import COMPILABLE_SQL
 from core.keys import Principal
 from core.lexical import top_candidates
-from core.scope import visibility_sql
+from core.scope import reader_tags, visibility_sql
 from core.snapshot.reader import Snapshot
 from core.snapshot.schema import CLAIM_COLUMNS
 
@@ -51,7 +51,8 @@ def lexical_candidates(snapshot: Snapshot, scope: CompileScope, plan: QueryPlan)
     query would — same rows, bit-identical bm25, same order — without scoring
     every match; when they cannot guarantee that, the FTS5 query runs."""
     where, params = scope.where()
-    fast = top_candidates(snapshot.db, scope.subject_id, where, params, plan.terms, MAX_CANDIDATES)
+    fast = top_candidates(snapshot.db, scope.subject_id, reader_tags(scope.principal), where, params, plan.terms,
+                          MAX_CANDIDATES)
     return fast if fast is not None else fts_candidates(snapshot.db, where, params, plan.match)
 
 

@@ -15,9 +15,11 @@ Build side, run on the work database after the last change to
   the total token count, read from the FTS5 averages record itself — and the
   raw averages record, so a reader can check the tables still describe the
   index it sits next to.
-- ``lex_postings(subject_id, term, first_rowid, n, rowids, tfdl)``: for
-  every subject and every indexed token, the rowids of that subject's
-  indexed claims containing the token (ascending, packed int32/int64) and,
+- ``lex_postings(subject_id, reader, term, first_rowid, n, rowids, tfdl)``:
+  for every subject, every reader (who may read the claim:
+  ``core.scope.reader_tag``, so a compile reads only the lists its caller
+  may read) and every indexed token, the rowids of those indexed claims
+  containing the token (ascending, packed int32/int64) and,
   parallel to them, each posting's raw inputs ``tf << 32 | D`` (packed
   uint64: the row's term frequency and token count), cut into blocks keyed
   by their first rowid (``bm25.BLOCK_POSTINGS``, ``bm25.TAIL_POSTINGS``).
@@ -80,15 +82,17 @@ __all__ = ["B", "FTS_DDL", "FTS_TOKENIZER", "FTS_TOKENIZER_ARGS", "K1", "LEX_VER
            "top_candidates", "update_lexical_index"]
 
 
-def top_candidates(db, subject_id: str, where: str, params: list, terms, k: int = 200):
+def top_candidates(db, subject_id: str, readers, where: str, params: list, terms, k: int = 200):
     """(rowid, bm25) of the k best in-scope matches of '"t1" OR "t2" ...', best
     first, equal to the FTS5 candidate query; None when the lex tables cannot
     answer exactly (the caller then runs the FTS5 query).
 
     ``where``/``params`` are the scope predicate over alias ``c`` (as built by
-    ``CompileScope.where``); ``subject_id`` is the subject that predicate pins.
+    ``CompileScope.where``); ``subject_id`` is the subject that predicate pins
+    and ``readers`` the caller's ``core.scope.reader_tags``: only their lists
+    are read.
     How this platform's FTS5 adds the phrases is the probe's answer."""
     mode = probe.phrase_count_mode(len(terms))
     if mode is None:
         return None
-    return query._top_candidates(db, subject_id, where, params, terms, k, fused_last=mode == "fused")
+    return query._top_candidates(db, subject_id, readers, where, params, terms, k, fused_last=mode == "fused")

@@ -15,7 +15,7 @@ import math
 import apsw
 import numpy as np
 
-LEX_VERSION = 4
+LEX_VERSION = 5
 K1 = 1.2
 B = 0.75
 # Combining marks (M*) are word characters: unicode61's default ("L* N* Co")
@@ -42,12 +42,13 @@ CREATE TABLE lex_stats(
 );
 CREATE TABLE lex_postings(
   subject_id TEXT NOT NULL,
+  reader TEXT NOT NULL,
   term TEXT NOT NULL,
   first_rowid INTEGER NOT NULL,
   n INTEGER NOT NULL,
   rowids BLOB NOT NULL,
   tfdl BLOB NOT NULL,
-  PRIMARY KEY(subject_id, term, first_rowid)
+  PRIMARY KEY(subject_id, reader, term, first_rowid)
 ) WITHOUT ROWID;
 CREATE TABLE lex_terms(
   term TEXT PRIMARY KEY,
@@ -55,7 +56,7 @@ CREATE TABLE lex_terms(
 ) WITHOUT ROWID;
 """
 
-# A (subject, term) list is stored as blocks of ascending rowids keyed by
+# A (subject, reader, term) list is stored as blocks of ascending rowids keyed by
 # their first rowid: the whole build cuts blocks of BLOCK_POSTINGS; the
 # incremental build appends to the last block only while it holds fewer than
 # TAIL_POSTINGS, else starts a new one. So a few new claims rewrite a few

@@ -28,8 +28,10 @@ from core.lexical.bm25 import (BLOCK_POSTINGS, FTS_TOKENIZER_ARGS, LEX_DDL, LEX_
 from core.lexical.libm import LIBM_META_KEY, platform_fingerprint
 from core.lexical.words import index_text
 from core.meta_table import write_meta
+from core.scope import reader_tag
 
-_INSERT = "INSERT INTO lex_postings(subject_id, term, first_rowid, n, rowids, tfdl) VALUES(?, ?, ?, ?, ?, ?)"
+_INSERT = ("INSERT INTO lex_postings(subject_id, reader, term, first_rowid, n, rowids, tfdl)"
+           " VALUES(?, ?, ?, ?, ?, ?, ?)")
 
 
 def _write_stats(db: apsw.Connection, averages: bytes, n_rows: int, n_tokens: int, rowid_type: str) -> None:
@@ -61,7 +63,11 @@ def build_lexical_index(db: apsw.Connection) -> dict:
     doclen: dict[int, int] = {}
     for rowid, size in db.execute("SELECT id, sz FROM claims_fts_docsize"):
         doclen[rowid] = varint(size, 0)[0]
-    subject_of = dict(db.execute("SELECT rowid, subject_id FROM claims WHERE indexed = 1"))
+    # each posting's list: its claim's subject and who may read it, so a
+    # compile reads only the lists its caller may read
+    subject_of = {rowid: (subject_id, reader_tag(visibility, workspace_id, owner_id))
+                  for rowid, subject_id, visibility, workspace_id, owner_id in db.execute(
+                      "SELECT rowid, subject_id, visibility, workspace_id, owner_id FROM claims WHERE indexed = 1")}
     if len(doclen) != n_rows or sum(doclen.values()) != n_tokens or not doclen.keys() <= subject_of.keys():
         raise RuntimeError("claims_fts statistics disagree with its docsize table or with claims.indexed")
 
@@ -70,16 +76,16 @@ def build_lexical_index(db: apsw.Connection) -> dict:
     stats = {"mode": "whole", "n_rows": n_rows, "terms": 0, "postings": 0, "lists": 0}
 
     def flush(term: str, docs: list[int], tfs: list[int]) -> None:
-        by_subject: dict[str, tuple[array, array]] = defaultdict(lambda: (array(rowid_type), array("Q")))
+        by_list: dict[tuple[str, str], tuple[array, array]] = defaultdict(lambda: (array(rowid_type), array("Q")))
         for rowid, tf in zip(docs, tfs):
-            rows, tfdl = by_subject[subject_of[rowid]]
+            rows, tfdl = by_list[subject_of[rowid]]
             rows.append(rowid)
             tfdl.append(tf << TF_SHIFT | doclen[rowid])
         out = []
-        for subject, (rows, tfdl) in by_subject.items():
+        for (subject, reader), (rows, tfdl) in by_list.items():
             for at in range(0, len(rows), BLOCK_POSTINGS):
                 block = rows[at:at + BLOCK_POSTINGS]
-                out.append((subject, term, block[0], len(block), block.tobytes(),
+                out.append((subject, reader, term, block[0], len(block), block.tobytes(),
                             tfdl[at:at + BLOCK_POSTINGS].tobytes()))
         db.executemany(_INSERT, out)
         db.execute("INSERT INTO lex_terms(term, df) VALUES(?, ?)", (term, len(docs)))
@@ -115,28 +121,29 @@ class LexicalChanges:
     def __init__(self, record: bool = True):
         # a build from empty writes the index whole: nothing to remember
         self.record = record
-        self.rows: list[tuple[int, str, str, int]] = []  # (rowid, subject_id, statement, +1 | -1)
+        # (rowid, subject_id, reader, statement, +1 | -1); reader: core.scope.reader_tag
+        self.rows: list[tuple[int, str, str, str, int]] = []
 
-    def inserted(self, rowid: int, subject_id: str, statement: str) -> None:
+    def inserted(self, rowid: int, subject_id: str, reader: str, statement: str) -> None:
         if self.record:
-            self.rows.append((rowid, subject_id, statement, 1))
+            self.rows.append((rowid, subject_id, reader, statement, 1))
 
-    def deleted(self, rowid: int, subject_id: str, statement: str) -> None:
+    def deleted(self, rowid: int, subject_id: str, reader: str, statement: str) -> None:
         if self.record:
-            self.rows.append((rowid, subject_id, statement, -1))
+            self.rows.append((rowid, subject_id, reader, statement, -1))
 
 
 class _List:
-    """One (subject, term) list's blocks, edited in memory, written back by
-    block: only the blocks an edit touched are rewritten."""
+    """One (subject, reader, term) list's blocks, edited in memory, written
+    back by block: only the blocks an edit touched are rewritten."""
 
-    def __init__(self, db: apsw.Connection, subject_id: str, term: str, rowid_type: str):
-        self.db, self.subject_id, self.term, self.rowid_type = db, subject_id, term, rowid_type
+    def __init__(self, db: apsw.Connection, subject_id: str, reader: str, term: str, rowid_type: str):
+        self.db, self.subject_id, self.reader, self.term, self.rowid_type = db, subject_id, reader, term, rowid_type
         self.firsts: list[int] = []
         self.blocks: list[tuple[array, array]] = []
         for first, rowids, tfdl in db.execute(
-                "SELECT first_rowid, rowids, tfdl FROM lex_postings WHERE subject_id = ? AND term = ?"
-                " ORDER BY first_rowid", (subject_id, term)):
+                "SELECT first_rowid, rowids, tfdl FROM lex_postings WHERE subject_id = ? AND reader = ? AND term = ?"
+                " ORDER BY first_rowid", (subject_id, reader, term)):
             rows, inputs = array(rowid_type), array("Q")
             rows.frombytes(rowids)
             inputs.frombytes(tfdl)
@@ -206,15 +213,16 @@ class _List:
                 continue
             if first in self.original:
                 self.db.execute("UPDATE lex_postings SET n = ?, rowids = ?, tfdl = ? WHERE subject_id = ?"
-                                " AND term = ? AND first_rowid = ?",
-                                (len(rows), rows.tobytes(), inputs.tobytes(), self.subject_id, self.term, first))
+                                " AND reader = ? AND term = ? AND first_rowid = ?",
+                                (len(rows), rows.tobytes(), inputs.tobytes(), self.subject_id, self.reader,
+                                 self.term, first))
             else:
-                self.db.execute(_INSERT, (self.subject_id, self.term, first, len(rows), rows.tobytes(),
-                                          inputs.tobytes()))
+                self.db.execute(_INSERT, (self.subject_id, self.reader, self.term, first, len(rows),
+                                          rows.tobytes(), inputs.tobytes()))
         live = {first for first, (rows, _) in zip(self.firsts, self.blocks) if rows}
         for gone in self.original - live:
-            self.db.execute("DELETE FROM lex_postings WHERE subject_id = ? AND term = ? AND first_rowid = ?",
-                            (self.subject_id, self.term, gone))
+            self.db.execute("DELETE FROM lex_postings WHERE subject_id = ? AND reader = ? AND term = ?"
+                            " AND first_rowid = ?", (self.subject_id, self.reader, self.term, gone))
 
 
 def update_lexical_index(db: apsw.Connection, changes: LexicalChanges, progress=None) -> dict:
@@ -244,9 +252,9 @@ def update_lexical_index(db: apsw.Connection, changes: LexicalChanges, progress=
 
     # 1. the changed rows' postings, from FTS5's own tokenizer
     tokenizer = db.fts5_tokenizer(*FTS_TOKENIZER_ARGS)
-    edits: dict[tuple[str, str], tuple[set[int], dict[int, int]]] = {}
+    edits: dict[tuple[str, str, str], tuple[set[int], dict[int, int]]] = {}
     rows_delta = tokens_delta = 0
-    for rowid, subject_id, statement, sign in changes.rows:
+    for rowid, subject_id, reader, statement, sign in changes.rows:
         tokens = tokenizer(index_text(statement).encode(), apsw.FTS5_TOKENIZE_DOCUMENT, None,
                            include_offsets=False, include_colocated=False)
         rows_delta += sign
@@ -259,7 +267,7 @@ def update_lexical_index(db: apsw.Connection, changes: LexicalChanges, progress=
         for tok in tokens:
             tf[tok] = tf.get(tok, 0) + 1
         for tok, count in tf.items():
-            removed, added = edits.setdefault((subject_id, tok), (set(), {}))
+            removed, added = edits.setdefault((subject_id, reader, tok), (set(), {}))
             if sign > 0:
                 added[rowid] = count << TF_SHIFT | len(tokens)
                 removed.discard(rowid)
@@ -274,8 +282,8 @@ def update_lexical_index(db: apsw.Connection, changes: LexicalChanges, progress=
     # 2. edit the touched lists' blocks, and their terms' df
     df_moved: dict[str, int] = {}
     postings = 0
-    for (subject_id, term), (removed, added) in sorted(edits.items()):
-        edited = _List(db, subject_id, term, rowid_type)
+    for (subject_id, reader, term), (removed, added) in sorted(edits.items()):
+        edited = _List(db, subject_id, reader, term, rowid_type)
         moved = 0
         for rowid in sorted(removed):
             moved -= edited.remove(rowid)

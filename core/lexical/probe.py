@@ -48,7 +48,8 @@ def _probe_modes() -> dict[int, str]:
     # snapshot's own FTS table and tokenizer
     db.execute("CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;"
                "CREATE TABLE claims(rowid INTEGER PRIMARY KEY, claim_id TEXT NOT NULL, subject_id TEXT NOT NULL,"
-               " indexed INTEGER NOT NULL);" + FTS_DDL)
+               " indexed INTEGER NOT NULL, visibility TEXT NOT NULL DEFAULT 'organization', workspace_id TEXT,"
+               " owner_id TEXT NOT NULL DEFAULT 'p');" + FTS_DDL)
     words = _PROBE_WORDS
     with db:
         for i in range(60):
@@ -68,7 +69,7 @@ def _probe_modes() -> dict[int, str]:
             for shift in range(4):
                 terms = [words[(shift + 3 * j) % len(words)] for j in range(n)]
                 expected = [tuple(row) for row in db.execute(sql, (" OR ".join(f'"{t}"' for t in terms), "s"))]
-                agree = agree and query._top_candidates(db, "s", "c.subject_id = ?", ["s"], terms, 200,
+                agree = agree and query._top_candidates(db, "s", ("org",), "c.subject_id = ?", ["s"], terms, 200,
                                                         fused_last=mode == "fused") == expected
             if agree:
                 modes[n] = mode

@@ -36,8 +36,9 @@ class _State:
     def __init__(self, db: apsw.Connection):
         self.ok = False
         self.token_cache: dict[str, str | None] = {}
-        # (subject, term) -> (rowids, contributions, tfdl, idf): a snapshot
-        # connection never changes, so a list is priced once per connection
+        # (subject, readers, term) -> (rowids, contributions, tfdl, idf): a
+        # snapshot connection never changes, so a list is priced once per
+        # connection and set of readers
         self.priced: dict[tuple[str, str], tuple] = {}
         self.priced_bytes = 0
         try:
@@ -115,7 +116,7 @@ class _Scope:
         self.out.update(r for r in todo if r not in ids)
 
 
-def _top_candidates(db: apsw.Connection, subject_id: str, where: str, params: list,
+def _top_candidates(db: apsw.Connection, subject_id: str, readers, where: str, params: list,
                     terms, k: int, fused_last: bool = False) -> list[tuple[int, float]] | None:
     """``fused_last``: sum the last phrase of an odd count as fma(ratio, idf,
     sum so far), one rounding, as aarch64 builds of FTS5 do."""
@@ -133,7 +134,7 @@ def _top_candidates(db: apsw.Connection, subject_id: str, where: str, params: li
     if not tokens:
         return []
     distinct = list(dict.fromkeys(tokens))
-    lists = _lists(db, state, subject_id, distinct)  # token -> (rowids, contributions, tfdl, idf)
+    lists = _lists(db, state, subject_id, readers, distinct)  # token -> (rowids, contributions, tfdl, idf)
     phrases = [tok for tok in tokens if tok in lists]  # query order, repeats kept: one phrase each
     if not phrases:
         return []
@@ -193,13 +194,17 @@ def _top_candidates(db: apsw.Connection, subject_id: str, where: str, params: li
     return [(rowid, bm25) for bm25, _, rowid in best[:k]]
 
 
-def _lists(db: apsw.Connection, state: _State, subject_id: str, distinct: list[str]) -> dict:
-    """The subject's lists of ``distinct`` tokens, priced: token → (rowids,
-    contributions, tfdl, idf), rowids ascending."""
+def _lists(db: apsw.Connection, state: _State, subject_id: str, readers, distinct: list[str]) -> dict:
+    """The subject's lists of ``distinct`` tokens that ``readers`` may read
+    (``core.scope.reader_tags``), priced: token → (rowids, contributions,
+    tfdl, idf), rowids ascending. Postings of claims the caller may not read
+    are in other lists, never read here: no work of this step grows with
+    them (docs/api.md §9.3)."""
+    readers = tuple(sorted(set(readers)))
     lists = {}
     todo = []
     for term in distinct:
-        hit = state.priced.get((subject_id, term))
+        hit = state.priced.get((subject_id, readers, term))
         if hit is not None:
             lists[term] = hit
         else:
@@ -207,22 +212,26 @@ def _lists(db: apsw.Connection, state: _State, subject_id: str, distinct: list[s
     if not todo:
         return lists
     marks = ",".join("?" * len(todo))
+    reader_marks = ",".join("?" * len(readers))
     blocks: dict[str, list] = {}
-    for term, first, rowids, tfdl in db.execute(
-            f"SELECT term, first_rowid, rowids, tfdl FROM lex_postings WHERE subject_id = ? AND term IN ({marks})",
-            [subject_id, *todo]):
-        blocks.setdefault(term, []).append((first, rowids, tfdl))
+    for term, reader, first, rowids, tfdl in db.execute(
+            f"SELECT term, reader, first_rowid, rowids, tfdl FROM lex_postings WHERE subject_id = ?"
+            f" AND reader IN ({reader_marks}) AND term IN ({marks})", [subject_id, *readers, *todo]):
+        blocks.setdefault(term, []).append((reader, first, rowids, tfdl))
     if not blocks:
         return lists
     df = dict(db.execute(f"SELECT term, df FROM lex_terms WHERE term IN ({marks})", todo))
     for term, found in blocks.items():
-        found.sort(key=lambda block: block[0])
+        found.sort(key=lambda block: (block[0], block[1]))
         if len(found) == 1:
-            rowids = np.frombuffer(found[0][1], dtype=state.rowid_dtype)
-            tfdl = np.frombuffer(found[0][2], dtype=np.uint64)
+            rowids = np.frombuffer(found[0][2], dtype=state.rowid_dtype)
+            tfdl = np.frombuffer(found[0][3], dtype=np.uint64)
         else:
-            rowids = np.frombuffer(b"".join(block[1] for block in found), dtype=state.rowid_dtype)
-            tfdl = np.frombuffer(b"".join(block[2] for block in found), dtype=np.uint64)
+            rowids = np.frombuffer(b"".join(block[2] for block in found), dtype=state.rowid_dtype)
+            tfdl = np.frombuffer(b"".join(block[3] for block in found), dtype=np.uint64)
+            if found[0][0] != found[-1][0]:  # lists of two readers: one ascending list
+                order = np.argsort(rowids, kind="stable")
+                rowids, tfdl = rowids[order], tfdl[order]
         idf = idf_for(state.n_rows, df[term])
         priced = (rowids, contributions(idf, tfdl, state.avgdl), tfdl, idf)
         lists[term] = priced
@@ -231,7 +240,7 @@ def _lists(db: apsw.Connection, state: _State, subject_id: str, distinct: list[s
             state.priced.clear()
             state.priced_bytes = 0
         if size <= PRICED_CACHE_BYTES:
-            state.priced[(subject_id, term)] = priced
+            state.priced[(subject_id, readers, term)] = priced
             state.priced_bytes += size
     return lists
 

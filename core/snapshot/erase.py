@@ -35,7 +35,7 @@ import apsw
 from core.domain import TRUST_LEVELS, capped_trust
 from core.erasure.records import target_sha256
 from core.lexical import LexicalChanges
-from core.scope import can_read
+from core.scope import can_read, reader_tag
 
 
 @dataclass
@@ -198,7 +198,7 @@ class Erasures:
         visible = self._readable(row[4:])
         if indexed:
             db.execute("DELETE FROM claims_fts WHERE rowid = ?", (rowid,))
-            lexical.deleted(rowid, subject_id, statement)
+            lexical.deleted(rowid, subject_id, reader_tag(*row[4:]), statement)
         # (its vector row goes with the whole vector index: clear_indexes)
         db.execute("DELETE FROM claim_sources WHERE claim_id = ?", (claim_id,))
         db.execute("DELETE FROM transitions WHERE claim_id = ?", (claim_id,))

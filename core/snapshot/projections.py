@@ -20,6 +20,7 @@ from core.budget.tokens import count_tokens_batch
 from core.domain import ACTION_STATUS, POSITIVE_OUTCOMES, TERMINAL_STATUSES
 from core.lexical import LexicalChanges
 from core.lexical.words import index_text
+from core.scope import reader_tag
 
 
 def refresh_projections(db: apsw.Connection, claim_ids: Iterable[str],
@@ -31,10 +32,12 @@ def refresh_projections(db: apsw.Connection, claim_ids: Iterable[str],
     pending: list[tuple] = []  # UPDATE parameters, the prefix text where prefix_tokens goes
     for claim_id in sorted(claim_ids):
         row = db.execute("SELECT rowid, statement, indexed, kind, confidence, trust, observer_id, valid_from,"
-                         " valid_to, subject_id FROM claims WHERE claim_id=?", (claim_id,)).fetchone()
+                         " valid_to, subject_id, visibility, workspace_id, owner_id FROM claims WHERE claim_id=?",
+                         (claim_id,)).fetchone()
         if row is None:
             continue  # feedback or a transition for a claim not (yet) in this ledger
-        rowid, statement, indexed, kind, confidence, trust, observer_id, valid_from, valid_to, subject_id = row
+        rowid, statement, indexed, kind, confidence, trust, observer_id, valid_from, valid_to, subject_id = row[:10]
+        reader = reader_tag(*row[10:])
         version, base_status, superseded_by = 1, "active", None
         for from_version, action, new_claim_id in db.execute(
                 "SELECT from_version, action, new_claim_id FROM transitions WHERE claim_id=?"
@@ -68,11 +71,11 @@ def refresh_projections(db: apsw.Connection, claim_ids: Iterable[str],
         if should_index and not indexed:
             db.execute("INSERT INTO claims_fts(rowid, statement) VALUES(?, ?)", (rowid, index_text(statement)))
             if lexical is not None:
-                lexical.inserted(rowid, subject_id, statement)
+                lexical.inserted(rowid, subject_id, reader, statement)
         elif indexed and not should_index:
             db.execute("DELETE FROM claims_fts WHERE rowid=?", (rowid,))
             if lexical is not None:
-                lexical.deleted(rowid, subject_id, statement)
+                lexical.deleted(rowid, subject_id, reader, statement)
         pending.append((base_status, status, version, superseded_by, disputed, dispute_public, total, positive,
                         negative, json.dumps(evidence, separators=(",", ":")), should_index, prefix, rowid))
         if len(pending) >= PRICE_BATCH:

@@ -3,7 +3,7 @@
 Build (``sync_vectors``, called by the rebuild after the lexical snapshot is
 complete): every active or disputed claim has one row in ``claims_vec`` with
 integer metadata columns ``subject_key`` (organization and subject),
-``project_key`` and ``reader_key`` (who may read it, ``reader_tag``), each
+``project_key`` and ``reader_key`` (who may read it, ``core.scope.reader_tag``), each
 ``scope_key`` of its text, so the KNN filters inside the index. Integers:
 vec0 keeps a text longer than 12 bytes outside the chunk and fetched it for
 every row it filtered (30 ms of a 50k scan, against 5 ms unfiltered). A
@@ -28,6 +28,7 @@ import apsw
 
 from core.domain import COMPILABLE_SQL
 from core.meta_table import read_meta, write_meta
+from core.scope import reader_tag
 from core.vectors.embedder import Embedder, EmbedderError, text_sha256
 
 INDEX_LAYOUT = "4"  # claims_vec's columns; another layout is dropped and rebuilt (from the cache)
@@ -81,16 +82,6 @@ def scope_key(text: str) -> int:
 
 def subject_key(org_id: str, subject_id: str) -> int:
     return scope_key(f"{org_id}\0{subject_id}")
-
-
-def reader_tag(visibility: str, workspace_id: str | None, owner_id: str) -> str:
-    """Who may read a claim, as one metadata value the KNN filters on
-    (``core.scope.can_read`` in a form vec0's IN can test)."""
-    if visibility == "organization":
-        return "org"
-    if visibility == "team":
-        return f"team:{workspace_id}" if workspace_id is not None else "none"
-    return f"private:{owner_id}"
 
 
 class SyncStats:

@@ -30,6 +30,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import apsw
 import numpy as np
 
+from core.scope import reader_tags
 from core.vectors.embedder import Embedder, EmbedderError, Fingerprint
 from core.vectors.index import INDEX_LAYOUT, coarse_input, pack_vector, scope_key, subject_key
 from core.vectors.signs import SignCache
@@ -42,11 +43,6 @@ def _warm(load) -> None:
         load()
     except Exception as exc:  # the first compile meets it again and answers lexically
         logging.getLogger("titen").warning("loading the embedder failed: %s: %s", type(exc).__name__, exc)
-
-
-def reader_tags(principal) -> list[str]:
-    """The ``reader`` values (``core.vectors.index.reader_tag``) this principal may read."""
-    return ["org", f"private:{principal.principal_id}", *(f"team:{w}" for w in principal.workspaces)]
 
 
 class VectorSearch:
