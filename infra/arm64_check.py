@@ -44,6 +44,7 @@ import apsw
 from core import lexical
 from core.compile.planning import FUNCTION_WORDS, plan_query
 from core.compile.retrieval import fts_candidates
+from core.scope import reader_tags
 from tests.snapshot_rows import insert_claim
 from tests.test_lexical import WORDS, _corpus, _scope
 
@@ -86,7 +87,7 @@ def compare(queries: int, seed: int) -> bool:
             where, params = scope.where()
             k = rng.choice([1, 10, 50, 200])
             expected = fts_candidates(db, where, params, plan.match, k)
-            got = lexical.top_candidates(db, scope.subject_id, where, params, plan.terms, k)
+            got = lexical.top_candidates(db, scope.subject_id, reader_tags(scope.principal), where, params, plan.terms, k)
             done += 1
             phrases[len(plan.terms)] += 1
             rows += len(expected)
@@ -145,8 +146,9 @@ def check_cross(path: str, queries: int) -> bool:
     here = apsw.Connection(str(local))
     with here:
         lexical.build_lexical_index(here)
-    theirs = {(s, t): (r, tf) for s, t, r, tf in db.execute("SELECT subject_id, term, rowids, tfdl FROM lex_postings")}
-    ours = {(s, t): (r, tf) for s, t, r, tf in here.execute("SELECT subject_id, term, rowids, tfdl FROM lex_postings")}
+    blocks = "SELECT subject_id, reader, term, first_rowid, rowids, tfdl FROM lex_postings"
+    theirs = {tuple(key): (r, tf) for *key, r, tf in db.execute(blocks)}
+    ours = {tuple(key): (r, tf) for *key, r, tf in here.execute(blocks)}
     differ = sum(1 for key in ours if theirs.get(key) != ours[key])
     here.close()
     local.unlink()
@@ -160,7 +162,8 @@ def check_cross(path: str, queries: int) -> bool:
         scope = _scope(rng)
         where, params = scope.where()
         expected = fts_candidates(db, where, params, plan.match, 50)
-        fast = lexical.top_candidates(db, scope.subject_id, where, params, plan.terms, 50)
+        fast = lexical.top_candidates(db, scope.subject_id, reader_tags(scope.principal), where, params,
+                                      plan.terms, 50)
         served += fast is not None
         got = fast if fast is not None else expected  # as core.compile.retrieval.lexical_candidates does
         mismatches += got != expected

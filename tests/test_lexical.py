@@ -7,6 +7,7 @@ random task texts: same rowids, same order, bit-identical bm25.
 """
 
 import random
+import re
 
 import apsw
 import pytest
@@ -547,3 +548,25 @@ def test_a_generation_built_elsewhere_needs_no_rebuild_here(api, monkeypatch):
         other.setattr(lexical.libm, "_fingerprint", None)
         api.rebuild(key)
     assert not api.service.builder("acme").rebuild().published  # nothing new: nothing stored is priced
+
+
+# -- infra/check-arm64.sh's platform part ---------------------------------------
+
+def test_the_arm64_check_runs_here_and_finds_the_candidate_index_equal_to_fts5(tmp_path):
+    """infra/arm64_check.py is what infra/check-arm64.sh runs inside an arm64
+    root; here it runs on this platform, so a change to the candidate index's
+    API or layout that breaks the checker fails here first."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    cross = tmp_path / "cross.sqlite"
+    outputs = []
+    for args in ([], ["--build-cross", str(cross)], ["--check-cross", str(cross)]):
+        done = subprocess.run([sys.executable, "-m", "infra.arm64_check", "--queries", "40", *args], cwd=root,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        outputs.append(done.stdout)
+    assert re.search(r"^compare: .*: 0 mismatches", outputs[0], re.M), outputs[0]
+    assert re.search(r"queries, \d+ answered from the stored lists, 0 mismatches against FTS5 here", outputs[2]), \
+        outputs[2]

@@ -18,7 +18,7 @@ What must hold:
   filters on the few candidate rows, not a way in);
 - ``claims_fts`` is entered through its virtual-table index with a MATCH
   constraint (FTS5's ``idxStr`` holds ``M``), not a full-table scan;
-- ``lex_postings`` is looked up by its primary key ``(subject_id, term)``,
+- ``lex_postings`` is looked up by its primary key ``(subject_id, reader, term)``,
   never scanned; ``lex_stats`` and the FTS5 averages record by their keys.
 """
 

@@ -293,9 +293,10 @@ def test_incremental_builds_keep_the_content_hash_and_the_candidate_index_exact(
 def _lex_content(db) -> tuple:
     """The candidate index's statistics, lists (blocks joined) and df."""
     lists: dict = {}
-    for subject_id, term, rowids, tfdl in db.execute(
-            "SELECT subject_id, term, rowids, tfdl FROM lex_postings ORDER BY subject_id, term, first_rowid"):
-        rows, inputs = lists.setdefault((subject_id, term), (bytearray(), bytearray()))
+    for subject_id, reader, term, rowids, tfdl in db.execute(
+            "SELECT subject_id, reader, term, rowids, tfdl FROM lex_postings"
+            " ORDER BY subject_id, reader, term, first_rowid"):
+        rows, inputs = lists.setdefault((subject_id, reader, term), (bytearray(), bytearray()))
         rows += rowids
         inputs += tfdl
     return (db.execute("SELECT * FROM lex_stats").fetchall(),

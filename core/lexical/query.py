@@ -39,7 +39,7 @@ class _State:
         # (subject, readers, term) -> (rowids, contributions, tfdl, idf): a
         # snapshot connection never changes, so a list is priced once per
         # connection and set of readers
-        self.priced: dict[tuple[str, str], tuple] = {}
+        self.priced: dict[tuple[str, tuple[str, ...], str], tuple] = {}
         self.priced_bytes = 0
         try:
             row = db.execute("SELECT version, n_rows, averages, rowid_type, byteorder, n_tokens FROM lex_stats"
