@@ -60,6 +60,7 @@ class FaultLayer:
         self.enabled = False
         self.counts: Counter = Counter()
         self.by_operation: Counter = Counter()
+        self.calls: Counter = Counter()  # every call while enabled, faulted or not
         self._lock = threading.Lock()
         self._local = threading.local()
         client.meta.events.register_first("before-send.s3", self.before_send)
@@ -96,6 +97,7 @@ class FaultLayer:
         operation = event_name.rsplit(".", 1)[-1]
         in_a_row = getattr(self._local, "in_a_row", 0)
         with self._lock:
+            self.calls[operation] += 1
             roll = self.rng.random()
             kind_roll = self.rng.random()
             race_roll = self.rng.random()
