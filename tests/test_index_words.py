@@ -19,7 +19,7 @@ from core import lexical
 from core.compile.planning import plan_query
 from core.compile.retrieval import CompileScope, fts_candidates
 from core.keys import Principal
-from core.lexical.words import hiragana_only, index_text
+from core.lexical.words import hiragana_only, index_text, task_text
 from core.scope import reader_tags
 from conftest import ALL_SCOPES
 
@@ -37,8 +37,30 @@ from conftest import ALL_SCOPES
     # the Katakana middle dot is punctuation, not part of a run
     ("スモーク・テスト", " スモ モー ーク ・ テス スト "),
 ])
-def test_cjk_runs_become_overlapping_bigrams(text, indexed):
+def test_a_tasks_cjk_runs_become_overlapping_bigrams(text, indexed):
+    assert task_text(text) == indexed
+
+
+@pytest.mark.parametrize("text, indexed", [
+    ("金曜日", " 金曜 曜日 金 曜 日 "),
+    ("日", " 日 "),
+    ("我家的猫。", " 我家 家的 的猫 我 家 的 猫 。"),
+])
+def test_a_statements_cjk_runs_give_their_bigrams_and_their_characters(text, indexed):
     assert index_text(text) == indexed
+
+
+@pytest.mark.parametrize("language, statement, task, other", [
+    ("zh", "我家的猫叫皮克斯。", "猫", "周一的例会十点开始。"),
+    ("ja", "毎晩ジョギングします。", "晩", "月曜日の朝会は十時に始まります。"),
+])
+def test_a_one_character_word_finds_the_claim_that_holds_it_inside_a_run(api, language, statement, task, other):
+    key = api.key()
+    wanted = api.observe(key, claim={"statement": statement, "kind": "procedural", "confidence": 0.9})["claim_id"]
+    api.observe(key, claim={"statement": other, "kind": "procedural", "confidence": 0.9})
+    api.rebuild(key)
+    r = api.compile(key, task)
+    assert [item["claim_id"] for item in r.json()["data"]["items"]] == [wanted]
 
 
 @pytest.mark.parametrize("forms", [
@@ -66,14 +88,35 @@ _OTHER_SCRIPTS = st.text(alphabet=st.one_of(
     st.characters(min_codepoint=0x0900, max_codepoint=0x0e7f)))
 
 
-@given(_OTHER_SCRIPTS.filter(lambda text: unicodedata.is_normalized("NFKC", text)))
-def test_text_in_other_scripts_is_indexed_unchanged(text):
+def _plain(text: str) -> bool:
+    """In NFKC, with no mark and no invisible formatting character (rule 0 removes some of those)."""
+    return unicodedata.is_normalized("NFKC", text) and not any(
+        unicodedata.category(ch)[0] == "M" or unicodedata.category(ch) == "Cf" for ch in text)
+
+
+@given(_OTHER_SCRIPTS.filter(_plain))
+def test_plain_text_in_other_scripts_is_indexed_unchanged(text):
     assert index_text(text) is text
+    assert task_text(text) is text
 
 
-@given(_OTHER_SCRIPTS)
-def test_text_in_other_scripts_is_indexed_in_its_nfkc_form(text):
-    assert index_text(text) == unicodedata.normalize("NFKC", text)
+@pytest.mark.parametrize("text, folded", [
+    ("Pru\u0308fer", "Prüfer"),                       # decomposed: composed
+    ("ＡＰＩ ﬁle", "API file"),                         # full-width, ligature
+    ("Fri\u00adday de\u200bploy", "Friday deploy"),  # soft hyphen, zero-width space
+    ("पश्\u200dचिम", "पश्चिम"),                          # a joiner inside an Indic word
+    ("❤\ufe0f cat", "❤ cat"),                         # an emoji's variation selector
+    ("1\ufe0f\u20e3 step", "1 step"),                # a keycap
+    ("\u0301x \u00a8", "x  "),                       # marks with no letter before them
+    ("शुक्रवार", "शुक्रवार"),                              # marks after their letter stay
+])
+def test_rule_zero_folds_what_is_invisible_or_another_encoding_of_the_same_word(text, folded):
+    assert index_text(text) == folded == task_text(text)
+
+
+def test_an_apostrophe_inside_a_cyrillic_word_is_removed_in_every_spelling():
+    assert {index_text(w) for w in ("п'ятниця", "п’ятниця", "пʼятниця", "пятниця")} == {index_text("пятниця")}
+    assert index_text("l'eau") == "l'eau"  # a Latin elision is split by the tokenizer, as before
 
 
 # The same words typed in another Unicode form: decomposed (NFD, as macOS
@@ -88,6 +131,9 @@ UNICODE_FORMS = {
     "latin ligature": ("the config ﬁle", "file"),
     "tr": ("DAĞITIM CUMA GÜNÜ YAPILIR", "dağıtım"),
     "he": ("הפריסה ביום שישי דורשת אישור שני", "פְּרִיסָה אִישּׁוּר"),
+    "uk": ("Реліз у пʼятницю заборонено.", "п'ятницю"),
+    "fa": ("پشتیبان\u200cگیری هر شب انجام می\u200cشود", "پشتیبانگیری"),
+    "emoji": ("❤️ Pixel the cat loves tuna", "❤ Pixel"),
 }
 
 
@@ -260,3 +306,12 @@ def test_erasing_stemmed_claims_leaves_the_candidate_index_a_whole_build_would_w
     assert served == _lexical_rows(copy)
     assert [i["claim"] for i in api.compile(key, "пятница", subject_id="subj_k").json()["data"]["items"]] == [
         "Деплой в пятницу разрешён."]
+
+
+def test_an_emojis_variation_selector_is_not_a_word_that_matches_every_emoji(api):
+    key = api.key()
+    for statement in ("☀️ sunny weather today", "❤️ Pixel the cat loves tuna"):
+        api.observe(key, claim={"statement": statement, "kind": "procedural", "confidence": 0.9})
+    api.rebuild(key)
+    r = api.compile(key, "⚠️ warning")
+    assert r.status_code == 200 and r.json()["data"]["items"] == []

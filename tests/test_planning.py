@@ -1,5 +1,7 @@
 """Query planning: free text to a safe FTS5 MATCH expression (pure)."""
 
+import pytest
+
 from core.compile.planning import MAX_TERMS, plan_query
 
 
@@ -8,8 +10,8 @@ def test_terms_are_quoted_and_or_ed():
 
 
 def test_fts5_operators_become_words_or_punctuation():
-    plan = plan_query('"x" OR y* NEAR(a b) col:z ^q (')
-    assert plan.terms == ("x", "y", "near", "b", "col", "z", "q")
+    plan = plan_query('"xx" OR yy* NEAR(aa bb) col:zz ^qq (')
+    assert plan.terms == ("xx", "yy", "near", "aa", "bb", "col", "zz", "qq")
     assert all(part.startswith('"') and part.endswith('"') for part in plan.match.split(" OR "))
 
 
@@ -51,3 +53,15 @@ def test_the_marks_class_is_every_combining_mark_of_its_unicode_version():
     assert all(unicodedata.category(chr(c)).startswith("M") for c in listed)
     if unicodedata.unidata_version == UNICODE_VERSION:
         assert listed == {c for c in range(0x110000) if unicodedata.category(chr(c)).startswith("M")}
+
+
+@pytest.mark.parametrize("task, terms", [
+    ("wdrożenie w piątek", ("wdrożenie", "piątek")),
+    ("qui est l'approbateur", ("qui", "est", "approbateur")),
+    ("η γάτα", ("γατ",)),
+    ("step 1", ("step", "1")),
+    ("猫", ("猫",)),
+    ("x", ("x",)),  # nothing else left: searched
+])
+def test_a_one_letter_word_of_a_cased_alphabet_is_dropped_like_a_function_word(task, terms):
+    assert plan_query(task).terms == terms

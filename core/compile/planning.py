@@ -1,13 +1,16 @@
 """Query planning: free task text → a safe FTS5 MATCH expression.
 
 Pure, no I/O. The task is first rewritten as statements are when they are
-indexed (``core.lexical.words``: CJK runs as bigrams, Cyrillic, Greek and
-Arabic words as stems), then split into words the way the index's unicode61
+indexed (``core.lexical.words.task_text``: one Unicode form, CJK runs as
+bigrams, Cyrillic, Greek and Arabic words as stems), then split into words the way the index's unicode61
 tokenizer splits text (runs of letters, digits and combining marks: a
 Devanagari vowel sign is part of its word), lower-cased as the
 tokenizer folds case (not ``casefold``, which writes ß as ss where the
 index keeps ß), function words (and words written only in Hiragana, mostly
-particles) dropped unless nothing else is left, deduplicated in order, and
+particles, and one-letter words of an alphabet with case: Polish ``w``,
+Russian ``в``, Greek ``η``, French ``l`` of ``l'eau`` are prepositions,
+articles or elisions, never what a task asks about) dropped unless nothing
+else is left, deduplicated in order, and
 capped at 16 terms. Each term is emitted as a double-quoted FTS5 string and
 the terms are OR-ed, so operators typed into a task (``NEAR``, ``AND``, ``*``,
 ``^``, ``col:``, quotes, parentheses) are searched as words or dropped as
@@ -20,7 +23,7 @@ import re
 from dataclasses import dataclass
 
 from core.lexical.marks import MARKS
-from core.lexical.words import hiragana_only, index_text
+from core.lexical.words import hiragana_only, task_text
 
 MAX_TERMS = 16
 _WORD = re.compile(f"(?:[^\\W_]|[{MARKS}])+")
@@ -49,10 +52,16 @@ class QueryPlan:
         return " OR ".join(f'"{t}"' for t in self.terms)
 
 
+def _one_cased_letter(word: str) -> bool:
+    """A word of one letter of an alphabet with upper and lower case (Latin,
+    Cyrillic, Greek, …); digits and CJK characters are not."""
+    return len(word) == 1 and word.upper() != word.lower()
+
+
 def plan_query(task: str) -> QueryPlan:
-    text = index_text(task)
+    text = task_text(task)
     words = [w.lower() for w in (_ASCII_WORD if text.isascii() else _WORD).findall(text)]
-    content = [w for w in words if w not in FUNCTION_WORDS and not hiragana_only(w)]
+    content = [w for w in words if w not in FUNCTION_WORDS and not hiragana_only(w) and not _one_cased_letter(w)]
     chosen = content or words
     terms: list[str] = []
     seen: set[str] = set()

@@ -22,7 +22,16 @@ as any other claim moves them: BM25's average length is the organization's).
    the cost is that the few Turkish words told apart only by the dot merge).
    Hebrew vowel points and cantillation marks are removed: Hebrew is mostly
    written without them, and FTS5 folds none of them, so pointed ``שָׁלוֹם``
-   never met ``שלום``.
+   never met ``שלום``. Invisible characters (Unicode's default ignorables:
+   soft hyphen, zero-width space, joiner and non-joiner, word joiner,
+   variation selectors), which text copied from web pages and PDFs carries
+   inside words, are removed, as search folding (NFKC_Casefold) removes them:
+   ``Fri\u00adday`` was two words, and the emoji selector U+FE0F after
+   ``❤`` was a word of its own that matched every emoji. So is a combining
+   mark with no letter or digit before it, and an enclosing mark (a keycap,
+   a circle). An apostrophe between two Cyrillic letters (``п'ятниця``,
+   ``п’ятниця``, ``пʼятниця``: three spellings of one Ukrainian word) is
+   removed.
 1. **Scripts written without spaces.** Chinese and Japanese put no space
    between words and Korean glues particles to them, so a whole clause
    (``金曜日のデプロイには二人目の承認者``) was one token and a task found a claim
@@ -30,7 +39,10 @@ as any other claim moves them: BM25's average length is the organization's).
    among Han, Hiragana, Katakana and Hangul becomes its overlapping
    character bigrams, each a word of its own (``金曜日のデプロイ`` → ``金曜 曜日 の
    デプ プロ ロイ``; a lone character stays one word), as Lucene's CJK bigram
-   analyzer does. Runs are cut where the script changes, so no bigram
+   analyzer does. A statement's runs also give their single characters
+   (``index_text``; a task's do not: ``task_text``), so a one-character word
+   (``猫``) finds the claims that hold it inside a run, while a longer task
+   still matches by bigrams, not by any character it shares. Runs are cut where the script changes, so no bigram
    straddles a kanji stem and its kana ending or particle. A word written
    only in Hiragana is mostly a particle or an ending (``の``, ``には``,
    ``です``): ``hiragana_only`` lets the planner treat it as a function word.
@@ -62,6 +74,8 @@ import unicodedata
 
 import Stemmer
 
+from core.lexical.marks import MARKS
+
 # Han (unified ideographs, extension A, compatibility, the supplementary
 # planes' extensions, and the iteration marks 々 〆 〇), Hiragana, Katakana
 # (with the prolonged sound mark, the phonetic extensions and half-width
@@ -91,7 +105,15 @@ _TURKISH_I = str.maketrans({"\u0131": "i", "\u0130": "I"})
 # the nonspacing marks of the Hebrew block (points and cantillation); its
 # punctuation (maqaf, paseq, sof pasuq, nun hafukha) stays
 _HEBREW_POINT = re.compile("[\u0591-\u05bd\u05bf\u05c1\u05c2\u05c4\u05c5\u05c7]")
-WORDS_ID = f"words-3 nfkc turkish-i hebrew-points marks-in-words cjk-bigrams snowball-russian,greek,arabic pystemmer-{Stemmer.version()}"
+# Default_Ignorable_Code_Point (DerivedCoreProperties.txt)
+_IGNORABLE = re.compile("[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e"
+                        "\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3"
+                        "\U0001d173-\U0001d17a\U000e0000-\U000e0fff]")
+# marks with no letter or digit before them, and enclosing marks (Me)
+_STRAY_MARK = re.compile(f"(?<![^\\W_])(?<![{MARKS}])[{MARKS}]+|[\u0488\u0489\u1abe\u20dd-\u20e0\u20e2-\u20e4\ua670-\ua672]+")
+_CYRILLIC_APOSTROPHE = re.compile("(?<=[\u0400-\u052f])['\u2019\u02bc](?=[\u0400-\u052f])")
+WORDS_ID = ("words-4 nfkc turkish-i hebrew-points ignorables stray-marks cyrillic-apostrophe marks-in-words "
+            f"cjk-bigrams+unigrams snowball-russian,greek,arabic pystemmer-{Stemmer.version()}")
 
 
 def _bigrams(match: re.Match) -> str:
@@ -99,6 +121,13 @@ def _bigrams(match: re.Match) -> str:
     if len(run) == 1:
         return f" {run} "
     return " " + " ".join(run[i:i + 2] for i in range(len(run) - 1)) + " "
+
+
+def _bigrams_and_characters(match: re.Match) -> str:
+    run = match.group()
+    if len(run) == 1:
+        return f" {run} "
+    return " " + " ".join(run[i:i + 2] for i in range(len(run) - 1)) + " " + " ".join(run) + " "
 
 
 def _stem(match: re.Match) -> str:
@@ -109,19 +138,43 @@ def _stem(match: re.Match) -> str:
 
 
 def index_text(text: str) -> str:
-    """``text`` in NFKC with Turkish i folded and Hebrew points removed, every CJK run written as
-    space-separated bigrams and every Cyrillic, Greek or Arabic word as its
-    stem; text those rules leave alone is returned as it is."""
+    """A statement's words as the index holds them: ``text`` under rule 0,
+    every CJK run written as its bigrams and its single characters, every
+    Cyrillic, Greek or Arabic word as its stem; text those rules leave alone
+    is returned as it is."""
+    return _words(text, _bigrams_and_characters)
+
+
+def task_text(text: str) -> str:
+    """A task's words, as ``index_text`` but a CJK run of two or more
+    characters gives its bigrams only."""
+    return _words(text, _bigrams)
+
+
+def _words(text: str, cut_cjk) -> str:
+    if not text.isascii():
+        text = _folded(text)
+    if _CJK_RUN.search(text):
+        text = _CJK_RUN.sub(cut_cjk, text)
+    if _STEMMED_WORD.search(text):
+        text = _STEMMED_WORD.sub(_stem, text)
+    return text
+
+
+def _folded(text: str) -> str:
+    """Rule 0."""
     if not unicodedata.is_normalized("NFKC", text):
         text = unicodedata.normalize("NFKC", text)
+    if _IGNORABLE.search(text):
+        text = _IGNORABLE.sub("", text)
     if "\u0131" in text or "\u0130" in text:
         text = text.translate(_TURKISH_I)
     if _HEBREW_POINT.search(text):
         text = _HEBREW_POINT.sub("", text)
-    if _CJK_RUN.search(text):
-        text = _CJK_RUN.sub(_bigrams, text)
-    if _STEMMED_WORD.search(text):
-        text = _STEMMED_WORD.sub(_stem, text)
+    if _STRAY_MARK.search(text):
+        text = _STRAY_MARK.sub("", text)
+    if _CYRILLIC_APOSTROPHE.search(text):
+        text = _CYRILLIC_APOSTROPHE.sub("", text)
     return text
 
 
