@@ -24,6 +24,20 @@ from core.scope import reader_tags
 from conftest import ALL_SCOPES
 
 
+def found_alone(api, statement: str, task: str, other: str) -> list[dict]:
+    """Store ``statement`` and ``other`` as claims of one subject, compile
+    ``task``: the pack is ``statement``'s claim alone (its items returned)."""
+    key = api.key()
+    wanted = api.observe(key, claim={"statement": statement, "kind": "procedural", "confidence": 0.9})["claim_id"]
+    api.observe(key, claim={"statement": other, "kind": "procedural", "confidence": 0.9})
+    api.rebuild(key)
+    r = api.compile(key, task)
+    assert r.status_code == 200, r.text
+    items = r.json()["data"]["items"]
+    assert [item["claim_id"] for item in items] == [wanted]
+    return items
+
+
 @pytest.mark.parametrize("text, indexed", [
     ("金曜日", " 金曜 曜日 "),
     ("部署需要", " 部署 署需 需要 "),
@@ -55,12 +69,7 @@ def test_a_statements_cjk_runs_give_their_bigrams_and_their_characters(text, ind
     ("ja", "毎晩ジョギングします。", "晩", "月曜日の朝会は十時に始まります。"),
 ])
 def test_a_one_character_word_finds_the_claim_that_holds_it_inside_a_run(api, language, statement, task, other):
-    key = api.key()
-    wanted = api.observe(key, claim={"statement": statement, "kind": "procedural", "confidence": 0.9})["claim_id"]
-    api.observe(key, claim={"statement": other, "kind": "procedural", "confidence": 0.9})
-    api.rebuild(key)
-    r = api.compile(key, task)
-    assert [item["claim_id"] for item in r.json()["data"]["items"]] == [wanted]
+    found_alone(api, statement, task, other)
 
 
 @pytest.mark.parametrize("forms", [
@@ -214,27 +223,14 @@ def test_a_word_with_combining_marks_plans_as_one_term(word):
 def test_a_claim_in_a_marked_script_is_found_by_its_word_and_no_other_claim_is(api, language):
     """Split at its marks, a word was a handful of single letters, and a
     task matched any claim holding one of them."""
-    statement, task, other = MARKED_WORDS[language]
-    key = api.key()
-    wanted = api.observe(key, claim={"statement": statement, "kind": "procedural", "confidence": 0.9})["claim_id"]
-    api.observe(key, claim={"statement": other, "kind": "procedural", "confidence": 0.9})
-    api.rebuild(key)
-    r = api.compile(key, task)
-    assert r.status_code == 200, r.text
-    assert [item["claim_id"] for item in r.json()["data"]["items"]] == [wanted]
+    found_alone(api, *MARKED_WORDS[language])
 
 
 @pytest.mark.parametrize("language", sorted(LANGUAGES))
 def test_a_claim_is_found_by_a_task_in_other_words_or_forms(api, language):
     statement, task, other = LANGUAGES[language]
-    key = api.key()
-    wanted = api.observe(key, claim={"statement": statement, "kind": "procedural", "confidence": 0.9})["claim_id"]
-    api.observe(key, claim={"statement": other, "kind": "procedural", "confidence": 0.9})
-    api.rebuild(key)
-    r = api.compile(key, task)
-    assert r.status_code == 200, r.text
-    assert [item["claim_id"] for item in r.json()["data"]["items"]] == [wanted]
-    assert r.json()["data"]["items"][0]["claim"] == statement  # the item shows the statement as written
+    item, = found_alone(api, statement, task, other)
+    assert item["claim"] == statement  # the item shows the statement as written
 
 
 def test_the_candidate_index_equals_the_fts5_query_on_these_scripts(api):
