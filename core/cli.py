@@ -197,7 +197,7 @@ def known_org(service, org: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="titen", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="titen", description=" ".join(__doc__.split("\n\n")[0].split()))
     common = argparse.ArgumentParser(add_help=False)
     where = common.add_mutually_exclusive_group()
     where.add_argument("--data-dir", help="embedded store directory (default $TITEN_DATA_DIR or ./.titen)")
@@ -227,21 +227,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("import", parents=[common], help="bulk-load NDJSON observation bodies")
     p.add_argument("file")
-    p.add_argument("--org", required=True, type=org_id)
-    p.add_argument("--principal", default="importer", help="recorded as the writer (owner of private records)")
-    p.add_argument("--workspaces", help="workspaces the importer may write team records to")
-    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--org", required=True, type=org_id, help="the organization the lines are written to")
+    p.add_argument("--principal", default="importer",
+                   help="recorded as the writer (owner of private records; default importer)")
+    p.add_argument("--workspaces", help="comma list of workspaces the importer may write team records to")
+    p.add_argument("--batch-size", type=int, default=500, help="lines per ledger entry (1-10000; default 500)")
     p.add_argument("--rebuild", action="store_true", help="rebuild the organization afterwards")
     p.set_defaults(run=cmd_import)
 
     keys = sub.add_parser("keys", help="create or revoke API keys").add_subparsers(dest="keys_command", required=True)
     p = keys.add_parser("create", parents=[common])
-    p.add_argument("--org", required=True, type=org_id)
-    p.add_argument("--principal", required=True)
+    p.add_argument("--org", required=True, type=org_id, help="the organization the key belongs to")
+    p.add_argument("--principal", required=True, help="who the key acts as (owner of its private records)")
     p.add_argument("--scopes", required=True, help="comma list of context:compile, context:feedback, "
                                                    "memory:write, memory:verify, memory:erase, admin")
-    p.add_argument("--workspaces", default="")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--workspaces", default="", help="comma list of workspaces whose team records the key reads")
+    p.add_argument("--json", action="store_true", help="print the key as one JSON object")
     p.set_defaults(run=cmd_keys_create)
     p = keys.add_parser("revoke", parents=[common])
     p.add_argument("key_id")

@@ -83,6 +83,21 @@ def test_import_with_a_bad_line_names_it_and_writes_nothing(tmp_path, capsys):
     assert not (tmp_path / "store" / "orgs").exists()
 
 
+def test_import_names_every_bad_line_in_one_run(tmp_path, capsys):
+    """Fixing a file takes one run, not one per bad line (the first 20 are named, then a count)."""
+    src = tmp_path / "in.ndjson"
+    _ndjson(src, 40)
+    lines = src.read_text().splitlines()
+    for i in range(5, 30):
+        lines[i] = "{not json" if i % 2 else lines[i].replace('"confidence": 0.8', '"confidence": 7')
+    src.write_text("\n".join(lines) + "\n")
+    code, _, err = run(capsys, "import", str(src), "--org", "acme", "--data-dir", str(tmp_path / "store"))
+    assert code == 2 and "25 bad lines; nothing was imported" in err
+    named = [n for n in range(1, 41) if f"in.ndjson:{n}:" in err]
+    assert named == list(range(6, 26)) and "and 5 more" in err
+    assert not (tmp_path / "store" / "orgs").exists()
+
+
 def test_rebuild_from_scratch_reports_the_same_content_hash(tmp_path, capsys):
     src = tmp_path / "in.ndjson"
     _ndjson(src, 12)

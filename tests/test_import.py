@@ -239,8 +239,10 @@ def test_stale_temporary_files_in_the_ledger_are_removed_by_the_rebuild(tmp_path
     leftover = ledger / ".tmp-00112233aabbccdd"
     leftover.write_bytes(b"{" * 424_000)
     os.utime(leftover, (time.time() - 7200,) * 2)
-    builder = SnapshotBuilder(store, "acme", work_dir=str(tmp_path / "w"))
+    said = []
+    builder = SnapshotBuilder(store, "acme", work_dir=str(tmp_path / "w"), progress=said.append)
     assert builder.rebuild().claim_count == 5
     assert not leftover.exists() and builder.housekeeping["temporary_files"] == 1
+    assert "acme: housekeeping removed 0 idempotency records, 1 temporary files" in said  # the operator sees it
     assert len(list(store.list_keys(import_markers_prefix("acme", "")[:-1]))) == 1  # the one block's marker
     assert BLOCK_LINES == 100

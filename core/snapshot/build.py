@@ -145,6 +145,9 @@ class SnapshotBuilder:
         self.look_for_stranded = housekeeping.due(self.store, self.org_id)
         if self.look_for_stranded:
             self.housekeeping = housekeeping.sweep(self.store, self.org_id)
+            if any(self.housekeeping.values()):
+                self.progress(f"{self.org_id}: housekeeping removed "
+                              + ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in self.housekeeping.items()))
         self.notes = []
         self.oldest_applied_ms = None
         pointer, etag = read_pointer(self.store, self.org_id)

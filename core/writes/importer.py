@@ -192,6 +192,9 @@ class _Import:
                          f"({lines / max(time.monotonic() - started, 1e-9):,.0f}/s)")
 
 
+NAMED_BAD_LINES = 20  # a file's bad lines named in the refusal; the rest are counted
+
+
 def import_file(store: Store, principal: Principal, path: str, *, batch_size: int = 500,
                 progress: Callable[[str], None] | None = None) -> dict:
     progress = progress or (lambda message: None)
@@ -200,15 +203,25 @@ def import_file(store: Store, principal: Principal, path: str, *, batch_size: in
     digest = hashlib.sha256()
     numbers, offsets = array("q"), array("q")
     probe = "0" * 28 + "0000"
+    bad: list[str] = []
+    bad_count = 0
     for number, offset, line in _lines(path):
         digest.update(line)
         try:
             build_observation(principal, parse_json_body(line), "obs_" + probe,
-                                     "claim_" + record_hex(probe, 1), "2000-01-01T00:00:00.000000Z")
+                              "claim_" + record_hex(probe, 1), "2000-01-01T00:00:00.000000Z")
         except ValidationError as exc:
-            raise ValidationError(f"{path}:{number}: {exc.message}") from None
+            # the whole file is read, so one run names every line to fix
+            bad_count += 1
+            if len(bad) < NAMED_BAD_LINES:
+                bad.append(f"{path}:{number}: {exc.message}")
+            continue
         numbers.append(number)
         offsets.append(offset)
+    if bad_count:
+        more = f"\n… and {bad_count - len(bad)} more" if bad_count > len(bad) else ""
+        raise ValidationError(f"{path}: {bad_count} bad line{'s' if bad_count > 1 else ''}; nothing was imported\n"
+                              + "\n".join(bad) + more)
     # the line numbers are part of each line's identity, so they enter the hash too
     digest.update(numbers.tobytes())
     file_sha = digest.hexdigest()
