@@ -90,11 +90,13 @@ def test_import_names_every_bad_line_in_one_run(tmp_path, capsys):
     lines = src.read_text().splitlines()
     for i in range(5, 30):
         lines[i] = "{not json" if i % 2 else lines[i].replace('"confidence": 0.8', '"confidence": 7')
+    # a team line for a workspace the import was not given: a line of its own, named too
+    lines[2] = lines[2].replace('"visibility": "organization"', '"visibility": "team", "workspace_id": "ws_x"')
     src.write_text("\n".join(lines) + "\n")
     code, _, err = run(capsys, "import", str(src), "--org", "acme", "--data-dir", str(tmp_path / "store"))
-    assert code == 2 and "25 bad lines; nothing was imported" in err
+    assert code == 2 and "26 bad lines; nothing was imported" in err
     named = [n for n in range(1, 41) if f"in.ndjson:{n}:" in err]
-    assert named == list(range(6, 26)) and "and 5 more" in err
+    assert named == [3, *range(6, 25)] and "and 6 more" in err and "ws_x" in err
     assert not (tmp_path / "store" / "orgs").exists()
 
 

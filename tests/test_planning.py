@@ -62,6 +62,9 @@ def test_the_marks_class_is_every_combining_mark_of_its_unicode_version():
     ("step 1", ("step", "1")),
     ("猫", ("猫",)),
     ("x", ("x",)),  # nothing else left: searched
+    # a word whose stem would be one letter stays whole, and is not dropped
+    ("να δούμε", ("να", "δούμε")),
+    ("ось пятница", ("ось", "пятниц")),
 ])
 def test_a_one_letter_word_of_a_cased_alphabet_is_dropped_like_a_function_word(task, terms):
     assert plan_query(task).terms == terms

@@ -80,3 +80,22 @@ def test_release_after_the_work_file_was_moved_away_to_be_kept(tmp_path):
     os.replace(held.path, tmp_path / "kept-acme.sqlite")
     held.release()
     assert os.listdir(tmp_path) == ["kept-acme.sqlite"]
+
+
+def test_a_sweep_that_fails_at_the_start_of_a_build_is_reported_and_the_build_goes_on(tmp_path, monkeypatch):
+    from core.snapshot.build import SnapshotBuilder
+    from core.storage.local import LocalStore
+    from core.writes.importer import import_file
+    from test_import import PRINCIPAL, write_ndjson
+
+    store = LocalStore(str(tmp_path / "s"))
+    import_file(store, PRINCIPAL, write_ndjson(tmp_path / "a.ndjson", 3), batch_size=10)
+
+    def denied(work_dir):
+        raise PermissionError(13, "Permission denied", work_dir)
+
+    monkeypatch.setattr(workfiles, "sweep", denied)
+    said = []
+    built = SnapshotBuilder(store, "acme", work_dir=str(tmp_path / "w"), progress=said.append).rebuild()
+    assert built.published and built.claim_count == 3
+    assert any("work files of earlier builds not removed" in line for line in said)

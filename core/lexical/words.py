@@ -3,9 +3,11 @@
 FTS5's tokenizer (``porter unicode61``) splits text at anything that is not
 a letter, a digit or a combining mark, folds case and diacritics, and stems English. Two kinds
 of language fall through it, and this module rewrites their text before the
-tokenizer sees it. The rule: ``index_text`` is applied alike to a statement
-before it enters ``claims_fts`` and to a task before it is planned
-(``core.compile.planning``), so both sides always hold the same words. Text
+tokenizer sees it. The rule: a statement gets ``index_text`` before it
+enters ``claims_fts`` and a task gets ``task_text`` before it is planned
+(``core.compile.planning``); the two differ only in that a statement's CJK
+runs also give their single characters (rule 1), so both sides hold the
+same words. Text
 already in the form of rule 0 and in none of the scripts below comes back
 unchanged (the same object), so English, Polish, German and the rest
 tokenize and count exactly as they would without it (their scores move only
@@ -51,7 +53,8 @@ as any other claim moves them: BM25's average length is the organization's).
    Arabic script is replaced by its Snowball stem (Russian, Greek and Arabic
    rules; PyStemmer, the C build of the Snowball project's stemmers), after
    lower-casing, in place: one word stays one word (or none: an Arabic
-   tatweel or vowel mark standing alone has no stem). The script picks the
+   tatweel or vowel mark standing alone has no stem; a word whose stem would
+   be one letter stays whole). The script picks the
    rules: Ukrainian or Bulgarian text gets the Russian ones, Persian the
    Arabic ones — imperfect,
    but the same on both sides, so it only ever merges too many forms, never
@@ -112,7 +115,7 @@ _IGNORABLE = re.compile("[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180
 # marks with no letter or digit before them, and enclosing marks (Me)
 _STRAY_MARK = re.compile(f"(?<![^\\W_])(?<![{MARKS}])[{MARKS}]+|[\u0488\u0489\u1abe\u20dd-\u20e0\u20e2-\u20e4\ua670-\ua672]+")
 _CYRILLIC_APOSTROPHE = re.compile("(?<=[\u0400-\u052f])['\u2019\u02bc](?=[\u0400-\u052f])")
-WORDS_ID = ("words-4 nfkc turkish-i hebrew-points ignorables stray-marks cyrillic-apostrophe marks-in-words "
+WORDS_ID = ("words-5 nfkc turkish-i hebrew-points ignorables stray-marks cyrillic-apostrophe marks-in-words "
             f"cjk-bigrams+unigrams snowball-russian,greek,arabic pystemmer-{Stemmer.version()}")
 
 
@@ -134,7 +137,12 @@ def _stem(match: re.Match) -> str:
     stemmers = getattr(_local, "stemmers", None)
     if stemmers is None:
         stemmers = _local.stemmers = {language: Stemmer.Stemmer(language, 0) for language, _ in _STEMMED_SCRIPTS}
-    return stemmers[match.lastgroup].stemWord(match.group().lower())
+    word = match.group().lower()
+    stem = stemmers[match.lastgroup].stemWord(word)
+    # a stem of one letter from a longer word (Greek δούμε → δ, Russian ось
+    # → о) would match every word with that letter, and the planner drops
+    # one-letter words: such a word stays whole
+    return word if len(stem) == 1 and len(word) > 1 else stem
 
 
 def index_text(text: str) -> str:

@@ -155,7 +155,10 @@ class SnapshotBuilder:
             # a build that published an erasure and stopped before marking it complete
             self.erasure_work.recover(pointer)
         os.makedirs(self.work_dir, exist_ok=True)
-        self._sweep_work_files()
+        try:
+            self._sweep_work_files()
+        except OSError as exc:  # never fails a build; an erasure's is checked again (strictly) before complete
+            self.progress(f"{self.org_id}: work files of earlier builds not removed: {exc}")
         held = WorkFile(self.work_dir, f"build-{self.org_id}-")
         work = held.path
         self.base = None
@@ -203,7 +206,8 @@ class SnapshotBuilder:
                                     self.progress, self.before_publish, only_generation=bool(erased))
             self.kept.keep(work, generation, published.digests, size)
             if erased:
-                # no file of a killed build keeps what was just erased
+                # no file of a killed build keeps what was just erased: a
+                # failure here fails the build, and a later build completes it
                 self._sweep_work_files()
                 self.erasure_work.complete(erased)
             return RebuildResult(self.org_id, generation, True, applied, fields["content_hash"],

@@ -38,7 +38,7 @@ import time
 from array import array
 from typing import Callable, Iterator
 
-from core.errors import ValidationError
+from core.errors import TitenError, ValidationError
 from core.ids import entry_hex, minted_at, record_hex
 from core.instants import canonical, now_utc
 from core.keys import Principal
@@ -210,7 +210,7 @@ def import_file(store: Store, principal: Principal, path: str, *, batch_size: in
         try:
             build_observation(principal, parse_json_body(line), "obs_" + probe,
                               "claim_" + record_hex(probe, 1), "2000-01-01T00:00:00.000000Z")
-        except ValidationError as exc:
+        except TitenError as exc:  # a bad field, a line over 1 MiB, a workspace not granted
             # the whole file is read, so one run names every line to fix
             bad_count += 1
             if len(bad) < NAMED_BAD_LINES:
