@@ -61,9 +61,14 @@ def parse_json_value(raw: bytes) -> Any:
     return _parse(raw)[0]
 
 
-def _parse(raw: bytes) -> tuple[Any, str]:
+def check_size(raw: bytes) -> None:
+    """The body-size rule alone (the MCP relay applies it before sending)."""
     if len(raw) > MAX_BODY_BYTES:
         raise PayloadTooLarge(f"request body is {len(raw)} bytes; the limit is {MAX_BODY_BYTES} (1 MiB)")
+
+
+def _parse(raw: bytes) -> tuple[Any, str]:
+    check_size(raw)
     if not raw.strip():
         raise ValidationError("request body is empty; a JSON object is required")
     try:

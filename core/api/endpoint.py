@@ -35,6 +35,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("titen.http")
 
 
+async def authenticated(service: Service, request: Request):
+    """The request's principal, or ``Unauthenticated``. A key looked up within
+    the cache period needs no I/O: answered here, without a hop to the thread
+    pool and back."""
+    authorization = one_header(request, "Authorization")
+    return service.keys.cached(authorization) or await run_in_threadpool(service.keys.authenticate, authorization)
+
+
 def endpoint(service: Service, *, auth: bool = True, body: bool = False, inline: bool = False):
     """Wrap a synchronous route function. Its work (key lookups, SQLite,
     fsync, store calls, rebuilds) runs on Starlette's thread pool, never on
@@ -54,11 +62,7 @@ def endpoint(service: Service, *, auth: bool = True, body: bool = False, inline:
                                              else printable(echo(value)))
             try:
                 if auth:
-                    # a key looked up within the cache period needs no I/O: answered
-                    # here, without a hop to the thread pool and back
-                    authorization = one_header(request, "Authorization")
-                    principal = (service.keys.cached(authorization)
-                                 or await run_in_threadpool(service.keys.authenticate, authorization))
+                    principal = await authenticated(service, request)
                 payload = await read_body(request, service.settings.body_timeout) if body else None
                 if inline:
                     status, data, meta = fn(request, principal, payload)
@@ -101,9 +105,7 @@ def mcp_endpoint(service: Service):
         try:
             # the key first, as on every route (docs/api.md §3): a caller
             # without one learns nothing of how its body would have fared
-            authorization = one_header(request, "Authorization")
-            principal = (service.keys.cached(authorization)
-                         or await run_in_threadpool(service.keys.authenticate, authorization))
+            principal = await authenticated(service, request)
             raw = await read_raw(request, service.settings.body_timeout)
             try:
                 message = parse_json_value(raw)

@@ -20,11 +20,11 @@ import urllib.error
 import urllib.request
 from typing import IO, Callable
 
-from core.errors import TitenError, ValidationError
+from core.errors import PayloadTooLarge, TitenError, ValidationError
 from core.ids import new_id
 from core.api.mcp import PARSE_ERROR, SERVER_ERROR, McpServer, RpcError, message_id, rpc_error
 from core.budget.items import dumps
-from core.validation import MAX_BODY_BYTES, parse_json_value
+from core.validation import check_size, parse_json_value
 
 Answer = Callable[[bytes], "dict | None"]
 
@@ -74,12 +74,13 @@ def bridged(url: str, api_key: str | None, timeout: float = 60.0) -> Answer:
         except ValueError:
             return rpc_error(None, PARSE_ERROR, "not valid JSON")
         raw = line.strip()
-        if len(raw) > MAX_BODY_BYTES:
+        try:
             # refused here, as the server would: a server answers 413 while
             # the body is still arriving and may close before it is all sent
             # (the relay then saw a broken connection, not the 413)
-            return rpc_error(message_id(message), SERVER_ERROR, f"request body is {len(raw)} bytes; the limit is "
-                             f"{MAX_BODY_BYTES} (1 MiB)", {"code": "PAYLOAD_TOO_LARGE"})
+            check_size(raw)
+        except PayloadTooLarge as exc:
+            return rpc_error(message_id(message), SERVER_ERROR, exc.message, {"code": exc.code})
         headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
         if api_key:
             headers["authorization"] = "Bearer " + api_key

@@ -128,9 +128,7 @@ def _bigrams(match: re.Match) -> str:
 
 def _bigrams_and_characters(match: re.Match) -> str:
     run = match.group()
-    if len(run) == 1:
-        return f" {run} "
-    return " " + " ".join(run[i:i + 2] for i in range(len(run) - 1)) + " " + " ".join(run) + " "
+    return _bigrams(match) + (" ".join(run) + " " if len(run) > 1 else "")
 
 
 def _stem(match: re.Match) -> str:
