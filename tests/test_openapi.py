@@ -184,3 +184,64 @@ def test_the_error_envelope_lists_every_code_of_the_error_hierarchy():
     from core.errors import TitenError
     codes = document()["components"]["schemas"]["Error"]["properties"]["error"]["properties"]["code"]["enum"]
     assert set(codes) == {cls.code for cls in TitenError.__subclasses__()} | {"INTERNAL"}
+
+
+def _closed(node):
+    """The schema with every object that names its properties closed to
+    others: an answer field the document leaves out then fails validation."""
+    if isinstance(node, list):
+        return [_closed(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _closed(v) for k, v in node.items()}
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def test_every_field_of_every_answer_is_in_the_document(api):
+    """schemathesis allows fields the document does not name; this holds each
+    route's real answers (a scenario touching every field) to the document
+    with every object closed, so a field the routes add is documented too."""
+    doc = _closed(document())
+    key = api.key()
+    obs = api.observe(key, claim={"statement": "Deploy smoke must pass before release.", "kind": "procedural",
+                                  "confidence": 0.95})
+    other = api.observe(key, content="Smoke was skipped on Friday.")
+    answers = [("post", "/v1/observations/batch", api.post("/v1/observations/batch", {"items": [
+        {"subject_id": "user_rama", "kind": "decision", "content": "c", "source": {"type": "t", "ref": "r"}},
+        {"subject_id": "user_rama"}]}, {**key, "idempotency-key": "k1"}))]
+    consolidated = api.post("/v1/consolidations", {"subject_id": "user_rama", "claims": [
+        {"statement": "Smoke gates releases.", "kind": "procedural", "confidence": 0.9, "visibility": "organization",
+         "sources": [{"observation_id": obs["observation_id"], "relation": "supports"},
+                     {"observation_id": other["observation_id"], "relation": "contradicts"}]}]}, key)
+    answers.append(("post", "/v1/consolidations", consolidated))
+    disputed = consolidated.json()["data"]["claim_ids"][0]
+    answers.append(("post", "/v1/admin/rebuild", api.post("/v1/admin/rebuild", b"", key)))
+    answers.append(("get", "/v1/claims/{claim_id}/evidence", api.get(f"/v1/claims/{disputed}/evidence", key)))
+    compiled = api.compile(key, "deploy smoke release", include_checkpoints=True)
+    answers.append(("post", "/v1/context/compile", compiled))
+    context_id = compiled.json()["data"]["context_id"]
+    answers.append(("get", "/v1/context/{context_id}", api.get(f"/v1/context/{context_id}", key)))
+    answers.append(("post", "/v1/context/{context_id}/feedback",
+                    api.post(f"/v1/context/{context_id}/feedback", {"outcome": "useful", "claim_id": disputed}, key)))
+    answers.append(("post", "/v1/claims/{claim_id}/supersede",
+                    api.post(f"/v1/claims/{obs['claim_id']}/supersede",
+                             {"expected_version": 1, "statement": "Two green smokes gate a release."}, key)))
+    answers.append(("post", "/v1/claims/{claim_id}/revoke",
+                    api.post(f"/v1/claims/{disputed}/revoke", {"expected_version": 1, "reason": "wrong"}, key)))
+    erased = api.client.delete(f"/v1/observations/{other['observation_id']}", headers=api._headers(key))
+    answers.append(("delete", "/v1/observations/{observation_id}", erased))
+    answers.append(("delete", "/v1/subjects/{subject_id}",
+                    api.client.delete("/v1/subjects/user_gone", headers=api._headers(key))))
+    api.rebuild(key)
+    answers.append(("get", "/v1/erasures/{erasure_id}",
+                    api.get(f"/v1/erasures/{erased.json()['data']['erasure_id']}", key)))
+    answers.append(("get", "/readyz", api.get("/readyz", key)))
+    answers.append(("get", "/healthz", api.get("/healthz")))
+    answers.append(("post", "/v1/context/compile", api.compile(key, "x" * 5000)))  # an error envelope
+    assert [r.status_code for _, _, r in answers] == [201, 201, 200, 200, 200, 200, 201, 201, 200, 202, 202, 200,
+                                                      200, 200, 400]
+    for method, path, r in answers:
+        schema = doc["paths"][path][method]["responses"][str(r.status_code)]["content"]["application/json"]["schema"]
+        jsonschema.Draft202012Validator({**schema, "components": doc["components"]}).validate(r.json())
