@@ -8,8 +8,10 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import boto3
@@ -20,7 +22,9 @@ from core.errors import NotFound
 from core.service import Service
 from core.snapshot.build import SnapshotBuilder
 from core.snapshot.pointer import read_pointer
+from core.snapshot import workfiles
 from core.snapshot.rollback import rollback
+from core.snapshot.workfiles import WorkFile
 from core.vectors.feature_hash import HashEmbedder
 from core.writes.importer import import_file
 from conftest import ALL_SCOPES, Api
@@ -158,6 +162,59 @@ def test_an_erasure_completes_without_the_copy_a_killed_rebuild_left(world):
     assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
     assert found(world, S_MARKS) == []
     assert not [name for name in os.listdir(work_dir) if name.startswith("build-")]
+
+
+def _running_build_with(world):
+    """A build of the organization still running in this machine's work
+    directory (an operator's ``titen rebuild``, say) whose work file holds
+    S's text: it began before the erasure was asked."""
+    work_dir = world["tmp"] / "cache" / "build"
+    held = WorkFile(str(work_dir), "build-acme-")
+    shutil.copyfile(work_dir / "kept-acme.sqlite", held.path)
+    assert S_MARKS[1].encode() in open(held.path, "rb").read()
+    return held
+
+
+def test_an_erasure_is_not_complete_while_a_running_build_holds_its_text(world, monkeypatch):
+    api, key = world["api"], world["key"]
+    monkeypatch.setattr(workfiles, "ERASURE_WAIT_SECONDS", 0.3)
+    running = _running_build_with(world)
+    asked = erase(world, "/v1/subjects/subj_s")
+    r = api.post("/v1/admin/rebuild", b"", key)
+    assert r.status_code == 503 and "still holds a work file" in r.json()["error"]["message"]
+    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "pending"
+    running.release()  # it ends (it could not publish: the erasure's generation did first)
+    api.rebuild(key)  # nothing new in the ledger: this build finishes the erasure
+    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
+    assert found(world, S_MARKS) == []
+
+
+def test_an_erasure_waits_for_a_running_build_to_end_before_it_is_complete(world):
+    api, key = world["api"], world["key"]
+    running = _running_build_with(world)
+    ended = threading.Timer(0.5, running.release)
+    asked = erase(world, "/v1/subjects/subj_s")
+    ended.start()
+    api.rebuild(key)
+    assert not ended.is_alive()  # the rebuild returned after the running build ended
+    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
+    assert found(world, S_MARKS) == []
+
+
+def test_another_organizations_running_build_does_not_hold_an_erasure_up(world, monkeypatch):
+    api, key = world["api"], world["key"]
+    monkeypatch.setattr(workfiles, "ERASURE_WAIT_SECONDS", 0.3)
+    work_dir = world["tmp"] / "cache" / "build"
+    others = [WorkFile(str(work_dir), prefix) for prefix in ("build-acme-eu-", "seed-acme-eu-")]
+    for other in others:
+        with open(other.path, "wb") as f:
+            f.write(b"acme-eu's snapshot")
+    asked = erase(world, "/v1/subjects/subj_s")
+    api.rebuild(key)  # at once: acme-eu's builds hold none of acme's text
+    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
+    assert all(os.path.exists(other.path) for other in others)  # live: never swept
+    for other in others:
+        other.release()
 
 
 def test_erasing_a_subject_leaves_no_copy_of_its_text_anywhere(world):

@@ -146,7 +146,7 @@ class ErasureWork:
             done.append(finished)
         return done
 
-    def recover(self, pointer: dict) -> None:
+    def recover(self, pointer: dict, before_complete: Callable[[], None] = lambda: None) -> None:
         """Finish the erasures the published generation carried out (its
         pointer records them) when the build that published it stopped
         short: every version of older generations is purged again (the
@@ -161,6 +161,7 @@ class ErasureWork:
         if still:
             # (only then: once complete, a later build's upload may be on its way)
             purge_older_generations(self.store, self.org_id, pointer)
+            before_complete()  # (the build's work files: core/snapshot/workfiles.py, ``drain``)
             self.targets = [(r, target_of(r)) for r in still]
             self.complete(erased)
 

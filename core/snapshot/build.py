@@ -151,10 +151,12 @@ class SnapshotBuilder:
         self.notes = []
         self.oldest_applied_ms = None
         pointer, etag = read_pointer(self.store, self.org_id)
-        if pointer is not None and pointer.get("erasures"):
-            # a build that published an erasure and stopped before marking it complete
-            self.erasure_work.recover(pointer)
         os.makedirs(self.work_dir, exist_ok=True)
+        if pointer is not None and pointer.get("erasures"):
+            # a build that published an erasure and stopped before marking it
+            # complete; this one finishes it (before it holds a work file of
+            # its own, so a build draining for it never waits for this one)
+            self.erasure_work.recover(pointer, before_complete=self._drain_work_files)
         try:
             self._sweep_work_files()
         except OSError as exc:  # never fails a build; an erasure's is checked again (strictly) before complete
@@ -206,9 +208,10 @@ class SnapshotBuilder:
                                     self.progress, self.before_publish, only_generation=bool(erased))
             self.kept.keep(work, generation, published.digests, size)
             if erased:
-                # no file of a killed build keeps what was just erased: a
-                # failure here fails the build, and a later build completes it
-                self._sweep_work_files()
+                # no work file of a killed or a running build keeps what was
+                # just erased: a failure here fails the build, and a later
+                # build completes it (``recover``)
+                self._drain_work_files(own=held)
                 self.erasure_work.complete(erased)
             return RebuildResult(self.org_id, generation, True, applied, fields["content_hash"],
                                  fields["claim_count"], size, time.monotonic() - started, published.key,
@@ -219,6 +222,12 @@ class SnapshotBuilder:
 
     def _sweep_work_files(self) -> None:
         removed = workfiles.sweep(self.work_dir)
+        if removed:
+            self.progress(f"{self.org_id}: removed {removed} work files left by a build that did not finish")
+
+    def _drain_work_files(self, own: WorkFile | None = None) -> None:
+        """Before an erasure is marked complete (core/snapshot/workfiles.py, ``drain``)."""
+        removed = workfiles.drain(self.work_dir, self.org_id, own=own, progress=self.progress)
         if removed:
             self.progress(f"{self.org_id}: removed {removed} work files left by a build that did not finish")
 
@@ -264,7 +273,8 @@ class SnapshotBuilder:
             from core.vectors.index import seed_embed_cache, sync_vectors
             if pointer is not None and read_meta(db, "vector_fingerprint") is None:
                 # a replay from empty: reuse the previous generation's embeddings
-                seed_embed_cache(db, self.store, full_of(pointer)["snapshot_key"], self.work_dir, self.progress)
+                seed_embed_cache(db, self.store, full_of(pointer)["snapshot_key"], self.work_dir,
+                                 f"seed-{self.org_id}-", self.progress)
             self.vector_stats = sync_vectors(db, self.embedder, self.progress)
             fields["vector"] = self._vector_record("error" if self.vector_stats.error else "ok")
         elif read_meta(db, "vector_status") is not None:

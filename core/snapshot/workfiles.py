@@ -17,7 +17,17 @@ The rules:
   of the file still linked at that path (a sweep may have removed the one it
   created), so a sweep never removes a live build's file;
 - ``sweep`` removes the files of every stem whose lock it can take, and
-  work files with no lock file at all (left by a release before this rule).
+  work files with no lock file at all (left by a release before this rule);
+- before an erasure is marked complete, ``drain`` also waits (up to
+  ``ERASURE_WAIT_SECONDS``) for the organization's *running* builds: one
+  that began before the erasure was asked (an operator's ``titen rebuild``
+  beside ``titen serve``) holds the erased text in its work file until it
+  ends, and it ends soon, since it can no longer publish. Only that
+  organization's files are waited for (names carry the organization), so
+  two organizations' builds never wait for each other; and a build drains
+  before it creates its own work file, or skips its own, so two builds of
+  one organization never wait for each other either. Past the wait the
+  build fails and the erasure stays pending: the next build finishes it.
 
 An ``flock`` belongs to an open file, not to a process: two builds in one
 process (two organizations on two threads) exclude each other like two
@@ -32,11 +42,20 @@ import fcntl
 import os
 import re
 import secrets
+import time
+from typing import Callable
+
+from core.errors import Unavailable
 
 # a work file, its SQLite side files or a download into it in flight
 # (``.sqlite.part-…``), or its lock file
 _NAME = re.compile(r"(?P<stem>(?:build|seed)-[^/.]*)(?:\.sqlite.*|\.lock)", re.DOTALL)
 SIDE_FILES = ("", "-journal", "-wal", "-shm")
+# how long a build that carried out an erasure waits for the organization's
+# other running builds to end before it gives up (a replay of 50k claims
+# that embeds them all takes minutes)
+ERASURE_WAIT_SECONDS = 600.0
+_POLL_SECONDS = 0.1
 
 
 class WorkFile:
@@ -56,7 +75,9 @@ class WorkFile:
             except FileNotFoundError:
                 pass
             os.close(fd)  # swept between its creation and its lock: take another name
-        self._stem, self._fd = stem, fd
+        self._fd = fd
+        self.stem = os.path.basename(stem)
+        self._stem = stem
         self.path = stem + ".sqlite"
 
     def release(self) -> None:
@@ -76,16 +97,45 @@ class WorkFile:
 
 def sweep(work_dir: str) -> int:
     """Remove the work files of builds that are gone; how many files went."""
+    return _sweep(work_dir)[0]
+
+
+def drain(work_dir: str, org_id: str, *, own: WorkFile | None = None,
+          progress: Callable[[str], None] = lambda message: None) -> int:
+    """``sweep``, then wait until no other build of ``org_id`` holds a work
+    file here (``ERASURE_WAIT_SECONDS`` at most); how many files went.
+    Raises ``Unavailable`` when one still does."""
+    mine = re.compile(f"(?:build|seed)-{re.escape(org_id)}-[0-9a-f]{{12}}")
+    deadline = time.monotonic() + ERASURE_WAIT_SECONDS
+    removed, told = 0, False
+    while True:
+        went, live = _sweep(work_dir)
+        removed += went
+        running = sorted(stem for stem in live if mine.fullmatch(stem) and (own is None or stem != own.stem))
+        if not running:
+            return removed
+        if time.monotonic() >= deadline:
+            raise Unavailable(f"{org_id}: a running build still holds a work file of this organization "
+                              f"({', '.join(running)}) after {ERASURE_WAIT_SECONDS:g} s, so the erasure stays "
+                              "pending; the next rebuild completes it")
+        if not told:
+            progress(f"{org_id}: waiting for a running build of this organization to end ({', '.join(running)})")
+            told = True
+        time.sleep(_POLL_SECONDS)
+
+
+def _sweep(work_dir: str) -> tuple[int, list[str]]:
+    """(files removed, stems of the builds still running)."""
     try:
         names = os.listdir(work_dir)
     except FileNotFoundError:
-        return 0
+        return 0, []
     stems: dict[str, list[str]] = {}
     for name in names:
         match = _NAME.fullmatch(name)
         if match:
             stems.setdefault(match["stem"], []).append(name)
-    removed = 0
+    removed, live = 0, []
     for stem, files in stems.items():
         lock = os.path.join(work_dir, stem + ".lock")
         try:
@@ -97,8 +147,10 @@ def sweep(work_dir: str) -> int:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
+                live.append(stem)
                 continue  # a live build's
         elif os.path.exists(lock):
+            live.append(stem)
             continue  # its build began after the listing
         try:
             for name in files:
@@ -113,4 +165,4 @@ def sweep(work_dir: str) -> int:
         finally:
             if fd is not None:
                 os.close(fd)
-    return removed
+    return removed, live

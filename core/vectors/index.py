@@ -176,7 +176,8 @@ def _sync(db: apsw.Connection, embedder: Embedder, progress, stats: SyncStats) -
                             scope_key(reader_tag(visibility, workspace, owner)), blob, coarse_input(blob)))
 
 
-def seed_embed_cache(db: apsw.Connection, store, snapshot_key: str, work_dir: str, progress=lambda m: None) -> int:
+def seed_embed_cache(db: apsw.Connection, store, snapshot_key: str, work_dir: str, prefix: str,
+                     progress=lambda m: None) -> int:
     """Copy the embedding cache of a published generation into a snapshot
     being replayed from empty, so a replay re-embeds nothing it already had.
     Only the vectors of statements the replay holds are copied: a vector
@@ -185,7 +186,9 @@ def seed_embed_cache(db: apsw.Connection, store, snapshot_key: str, work_dir: st
     just means more texts to embed."""
     from core.snapshot.workfiles import WorkFile
 
-    held = WorkFile(work_dir, "seed-")  # a killed build's copy is swept (core/snapshot/workfiles.py)
+    # ``prefix`` names the organization (``seed-<org>-``): an erasure waits
+    # for its own organization's running builds only (core/snapshot/workfiles.py)
+    held = WorkFile(work_dir, prefix)
     path = held.path
     try:
         store.download_file(snapshot_key, path)
