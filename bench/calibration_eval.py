@@ -107,14 +107,13 @@ def gold_rowids(snapshot, pairs: list[dict]) -> list[int]:
 
 def paraphrases(snapshot, pairs: list[dict]) -> list[bool]:
     """Per pair: no query term (``plan_query``) shares a stem with the answer,
-    by the snapshot's own FTS5 tokenizer (porter unicode61)."""
+    by the snapshot's own FTS5 tokenizer (``FTS_TOKENIZER_ARGS``)."""
     from core.compile.planning import plan_query
-    from core.lexical.bm25 import FTS_TOKENIZER
+    from core.lexical.bm25 import FTS_TOKENIZER_ARGS
 
     import apsw
 
-    name, *args = FTS_TOKENIZER.split()
-    tokenizer = snapshot.db.fts5_tokenizer(name, args)
+    tokenizer = snapshot.db.fts5_tokenizer(*FTS_TOKENIZER_ARGS)
 
     def stems(text: str) -> set[str]:
         return {t[2] for t in tokenizer(text.encode(), apsw.FTS5_TOKENIZE_DOCUMENT, None)}
