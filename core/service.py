@@ -34,6 +34,10 @@ from core.writes.feedback import FeedbackDesk
 from core.writes.idempotency import Idempotency, Outcome
 
 AUTO_REBUILD_DELAY = 0.25
+# how long POST /v1/admin/rebuild on Lambda waits for the rebuild function:
+# under the API function's 29 s timeout, so a longer rebuild is the 503
+# envelope rather than API Gateway's own 5xx (the rebuild goes on and publishes)
+REMOTE_REBUILD_WAIT_SECONDS = 25.0
 LOAD_SPACING = 3  # while writes keep coming, at most a quarter of the time rebuilding
 QUIET_SECONDS = 0.05  # no write for this long: the writes paused
 
@@ -174,13 +178,23 @@ class Service:
         the rebuild function (the pointer's compare-and-swap settles a race
         with a queued rebuild of the same organization: 409)."""
         import boto3
+        from botocore.config import Config
+        from botocore.exceptions import ConnectionError as BotoConnectionError, HTTPClientError, ReadTimeoutError
 
-        client = boto3.client("lambda")
+        # one attempt: a retry after a read timeout would start a second rebuild
+        client = boto3.client("lambda", config=Config(read_timeout=REMOTE_REBUILD_WAIT_SECONDS, connect_timeout=5,
+                                                      retries={"total_max_attempts": 1}))
         try:
             response = client.invoke(FunctionName=self.settings.rebuild_function,
                                      Payload=json.dumps({"org_id": org_id, "from_scratch": from_scratch}).encode())
         except client.exceptions.TooManyRequestsException:
             raise Conflict("a rebuild is already running; retry shortly") from None
+        except ReadTimeoutError:
+            raise Unavailable(f"the rebuild is still running after {REMOTE_REBUILD_WAIT_SECONDS:g} s; it publishes "
+                              "when it is done (GET /readyz shows the generation served)") from None
+        except (BotoConnectionError, HTTPClientError):
+            raise Unavailable("the rebuild function could not be reached, or its answer was lost; the rebuild "
+                              "may still publish (GET /readyz); retry shortly") from None
         summary = json.loads(response["Payload"].read() or b"{}")
         if response.get("FunctionError") or not summary.get("results"):
             raise Unavailable("the rebuild function failed; see its logs")

@@ -12,6 +12,7 @@ import importlib
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -353,3 +354,44 @@ def test_admin_rebuild_on_lambda_invokes_the_rebuild_function(tmp_path, monkeypa
         from core.errors import Conflict
         with pytest.raises(Conflict):
             service.rebuild("acme")
+
+
+def test_an_admin_rebuild_on_lambda_longer_than_the_api_may_wait_is_a_503_envelope(tmp_path, monkeypatch):
+    """The API function times out at 29 s; a rebuild function still running
+    by then must give the error envelope, not API Gateway's own 5xx: the
+    invoke gives up reading after REMOTE_REBUILD_WAIT_SECONDS and is not
+    retried (a retry would start a second rebuild)."""
+    import socketserver
+    import threading
+
+    import boto3
+
+    import core.service
+    from core.config import Settings
+    from core.errors import Unavailable
+    from core.service import Service
+
+    asked = []
+
+    class Slow(socketserver.BaseRequestHandler):
+        def handle(self):
+            asked.append(self.request.recv(65536))
+            time.sleep(2)  # the rebuild function is still running
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Slow)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(core.service, "REMOTE_REBUILD_WAIT_SECONDS", 0.5)
+    for name, value in {"AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "testing",
+                        "AWS_SECRET_ACCESS_KEY": "testing"}.items():
+        monkeypatch.setenv(name, value)
+    real_client = boto3.client
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.setattr(boto3, "client", lambda name, **kw: real_client(name, endpoint_url=endpoint, **kw))
+    service = Service(Settings.from_env(data_dir=str(tmp_path), env={"TITEN_REBUILD_FUNCTION": "titen-rebuild"}))
+    try:
+        with pytest.raises(Unavailable, match="still running"):
+            service.rebuild("acme")
+        assert len(asked) == 1  # asked once: no retry started a second rebuild
+    finally:
+        server.shutdown()

@@ -477,6 +477,48 @@ def test_a_message_that_is_not_a_rebuild_request_is_dropped_not_retried(lam, cap
     assert read_pointer(lam.store, "demo")[0]["generation"] == 1
 
 
+def test_a_request_for_an_organization_no_one_registered_is_dropped_and_builds_nothing(lam, capsys):
+    """As a direct invoke refuses it: a stray message (the event file's
+    "other", a dev bucket) must not create an organization's snapshots."""
+    capsys.readouterr()
+    assert lam.rebuild.handler(_event("sqs-rebuild.json"), LambdaContext()) == {"batchItemFailures": []}
+    lines = {line["org_id"]: line for line in rebuild_lines(capsys) if "org_id" in line}
+    assert lines["other"]["status"] == "rejected" and "no organization 'other'" in lines["other"]["error"]
+    assert read_pointer(lam.store, "other")[0] is None
+    assert not list(lam.store.list_keys("orgs/other/"))
+
+
+def test_a_request_dated_in_the_future_waits_no_longer_than_one_bucket():
+    """``not_before`` is the end of the bucket the write fell in: never more
+    than a bucket ahead. A message claiming a later instant must not hold
+    its organization's message group (and the invocation) until then."""
+    slept = []
+    rebuild_queue.wait_for_bucket(time.time() + 10**9, sleep=slept.append)
+    assert 0 < sum(slept) <= rebuild_queue.BUCKET_SECONDS + rebuild_queue.CLOCK_MARGIN_SECONDS
+
+
+def test_organizations_in_one_batch_rebuild_at_the_same_time(lam, monkeypatch):
+    """One organization's follow-up wait (or slow rebuild) must not hold up
+    the others in its batch: each runs on its own thread."""
+    import threading
+    for org in ("alpha", "beta"):
+        key = lam.keys.create(org, "agent", SCOPES, [])["api_key"]
+        observe(lam, f"{org} deploys need a smoke check.", key=key)
+    both = threading.Barrier(2, timeout=10)
+    runner = lam.rebuild.runner
+    inner = runner.rebuild_one
+
+    def meeting(org_id, from_scratch):
+        both.wait()  # returns only when the other organization's rebuild has started too
+        return inner(org_id, from_scratch)
+
+    monkeypatch.setattr(runner, "rebuild_one", meeting)
+    messages = receive(lam)
+    assert sorted(rebuild_queue.parse_request(m["Body"])[0] for m in messages) == ["alpha", "beta"]
+    assert deliver(lam, messages) == set()
+    assert all(read_pointer(lam.store, org)[0]["generation"] >= 1 for org in ("alpha", "beta"))
+
+
 # -- an erasure on the Lambda path ------------------------------------------------------
 
 def test_an_erasure_asked_through_the_api_is_carried_out_by_the_queued_rebuild(lam):

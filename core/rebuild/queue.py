@@ -97,8 +97,11 @@ def parse_request(body: str) -> tuple[str, float]:
 
 def wait_for_bucket(not_before: float, *, sleep=time.sleep, clock=time.time) -> float:
     """Sleep until every write folded into this request is surely in the
-    ledger; returns the seconds waited."""
-    remaining = not_before + CLOCK_MARGIN_SECONDS - clock()
+    ledger; returns the seconds waited. Never longer than one bucket and the
+    margin: a bucket ends at most that far after its message was sent, and a
+    message dated later (a forged or hand-written one) must not hold its
+    organization's message group and the invocation until then."""
+    remaining = min(not_before + CLOCK_MARGIN_SECONDS - clock(), BUCKET_SECONDS + CLOCK_MARGIN_SECONDS)
     if remaining > 0:
         sleep(remaining)
         return remaining
