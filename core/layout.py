@@ -18,6 +18,7 @@ block number.
     orgs/<org>/snapshots/<generation>-<rand>.sqlite   a generation published whole
     orgs/<org>/snapshots/<generation>-<rand>.delta    a generation published as the pages it changed
     orgs/<org>/snapshots/current.json          the pointer: the generation served now
+    orgs/<org>/runs-listed.json                how far the schedule found only context runs (core/rebuild/backlog.py)
     orgs/<org>/erasures/<erasure hex>.json     an erasure's status (core/erasure/records.py)
 """
 
@@ -88,6 +89,10 @@ def snapshots_prefix(org_id: str) -> str:
 
 def pointer_key(org_id: str) -> str:
     return f"{snapshots_prefix(org_id)}current.json"
+
+
+def runs_listed_key(org_id: str) -> str:
+    return f"orgs/{org_id}/runs-listed.json"
 
 
 def snapshot_key(org_id: str, generation: int, token: str) -> str:

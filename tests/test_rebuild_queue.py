@@ -430,7 +430,7 @@ def test_the_schedule_enqueues_only_organizations_with_new_entries_and_reads_no_
     for org_id in set(orgs) - due:
         mine = [c for c in calls if c[1].startswith(f"orgs/{org_id}/")]
         assert sorted(c[0] for c in mine) == ["GetObject", "ListObjectsV2"], (org_id, mine)
-        assert [c[2] for c in mine if c[0] == "ListObjectsV2"] == [10]
+        assert [c[2] for c in mine if c[0] == "ListObjectsV2"] == [1000]  # one request, S3's largest page
     assert [c for c in calls if c[0] == "ListObjectsV2" and c[1] == "organizations/"] != []
     assert len(calls) == 1 + 2 * len(orgs)
 

@@ -240,7 +240,7 @@ class RebuildRunner:
         lines = []
         for org_id in organizations:
             try:
-                due = backlog(self.service.store, org_id)
+                due = backlog(self.service.store, org_id, skew_seconds=self.service.settings.skew_seconds)
             except Exception as exc:
                 line = _line(org_id, "failed", None, error=f"{type(exc).__name__}: {exc}")
             else:
