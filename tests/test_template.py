@@ -517,6 +517,8 @@ def test_failed_rebuild_requests_are_counted_from_the_api_log(template):
     from core.rebuild.queue import log as queue_log  # noqa: F401  (the logger the filter reads)
     props = resource(template, "RebuildRequestFailuresMetric")["Properties"]
     assert props["LogGroupName"] == {"Ref": "ApiLogGroup"}
+    # the stack's own namespace, like every other metric: two stacks in one region never share it
+    assert props["MetricTransformations"][0]["MetricNamespace"] == {"Fn::Sub": "titen/${AWS::StackName}"}
     source = (ROOT / "core" / "rebuild" / "queue.py").read_text()
     # every term of the filter pattern occurs in the line the code logs
     for term in ("rebuild request for", "not sent"):
