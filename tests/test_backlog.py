@@ -109,3 +109,32 @@ def test_a_write_behind_the_mark_is_seen_once_the_watermark_passes_it(published,
     obj = store.get(pointer_key(ORG))
     store.compare_and_swap(pointer_key(ORG), json.dumps({**pointer, "watermark": later}).encode(), obj.etag)
     assert not backlog(store, ORG).due
+
+
+def test_after_a_rollback_the_mark_hides_no_write(published):
+    """A rollback moves the watermark back; the mark, set against the later
+    watermark, must not skip the writes between them."""
+    store, now = published
+    pointer = json.loads(store.get(pointer_key(ORG)).body)
+    runs(store, now - 80 * 60 * 1000, 10)  # a page of runs after the old watermark
+    behind = write_entry(store, now - 70 * 60 * 1000, ".json")  # then a write (applied by generation 2)
+    runs(store, now - HOUR_MS, 25)
+    obj = store.get(pointer_key(ORG))
+    store.compare_and_swap(pointer_key(ORG), json.dumps({**pointer, "generation": 2, "watermark": behind}).encode(),
+                           obj.etag)
+    assert not backlog(store, ORG).due  # marks the runs after generation 2's watermark
+    assert store.get(runs_listed_key(ORG))
+    obj = store.get(pointer_key(ORG))  # rolled back to generation 1: its watermark is before the write
+    store.compare_and_swap(pointer_key(ORG), json.dumps(pointer).encode(), obj.etag)
+    assert backlog(store, ORG).due
+
+
+@pytest.mark.parametrize("listed_through", ["zzz", {"a": 1}, "orgs/other/ledger/ffffffffffff7000000000000000000.run.json"])
+def test_a_mark_that_names_no_run_of_this_ledger_is_not_used(published, listed_through):
+    store, now = published
+    runs(store, now - HOUR_MS, 25)
+    write_entry(store, now - HOUR_MS + 30, ".json")
+    watermark = json.loads(store.get(pointer_key(ORG)).body)["watermark"]
+    store.put_if_absent(runs_listed_key(ORG), json.dumps({"listed_through": listed_through,
+                                                          "watermark": watermark}).encode())
+    assert backlog(store, ORG).due

@@ -217,6 +217,65 @@ def test_another_organizations_running_build_does_not_hold_an_erasure_up(world, 
         other.release()
 
 
+def test_a_replay_that_completes_no_erasure_does_not_wait_for_running_builds(world, monkeypatch):
+    """A replay from empty enforces every erasure already complete again;
+    with none pending it has nothing to mark complete, so it never waits (two
+    such replays used to wait for each other until the timeout)."""
+    api, key = world["api"], world["key"]
+    monkeypatch.setattr(workfiles, "ERASURE_WAIT_SECONDS", 0.5)
+    asked = erase(world, "/v1/subjects/subj_s")
+    api.rebuild(key)
+    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
+    running = WorkFile(str(world["tmp"] / "cache" / "build"), "build-acme-")  # any build still running
+    said = []
+    built = world["service"].builder("acme", said.append).rebuild(from_scratch=True)
+    assert built.published
+    assert not [line for line in said if "waiting for a running build" in line]
+    running.release()
+
+
+def test_two_builds_carrying_an_erasure_out_never_wait_for_each_other(world, monkeypatch):
+    """B publishes the erasure and waits for an older running build; A starts
+    after B published, replays from empty and reaches its own wait while B
+    still holds its file. A waits for B (B started before A published); B
+    must not wait for A, whose file holds nothing erased, or they would wait
+    for each other until the timeout."""
+    monkeypatch.setattr(workfiles, "ERASURE_WAIT_SECONDS", 30)
+    service = world["service"]
+    older = _running_build_with(world)
+    asked = erase(world, "/v1/subjects/subj_s")
+    said = {"a": [], "b": []}
+    results = {}
+
+    def build(name, **kw):
+        try:
+            results[name] = service.builder("acme", said[name].append).rebuild(**kw)
+        except Exception as exc:  # the test reports it below
+            results[name] = exc
+
+    def waiting(name):
+        return any("waiting for a running build" in line for line in said[name])
+
+    b = threading.Thread(target=build, args=("b",))
+    b.start()
+    deadline = time.monotonic() + 20
+    while not waiting("b") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert waiting("b")
+    a = threading.Thread(target=build, args=("a",), kwargs={"from_scratch": True})
+    a.start()
+    while not waiting("a") and a.is_alive() and time.monotonic() < deadline + 20:
+        time.sleep(0.02)
+    older.release()  # the older build ends: B completes, then A
+    b.join(40)
+    a.join(40)
+    assert not isinstance(results["b"], Exception), results["b"]
+    assert not isinstance(results["a"], Exception), results["a"]
+    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
+    service.reader.refresh("acme", force=True)  # the server's cache moves on to the new generation
+    assert found(world, S_MARKS) == []
+
+
 def test_erasing_a_subject_leaves_no_copy_of_its_text_anywhere(world):
     api, key = world["api"], world["key"]
     assert found(world, S_MARKS), "the test needs S's text stored first"

@@ -549,3 +549,25 @@ def test_an_erasure_asked_through_the_api_is_carried_out_by_the_queued_rebuild(l
     for version in s3.list_object_versions(Bucket=BUCKET).get("Versions", []):
         body = s3.get_object(Bucket=BUCKET, Key=version["Key"], VersionId=version["VersionId"])["Body"].read()
         assert b"4711" not in body, version["Key"]
+
+
+def test_lines_written_from_a_batchs_threads_stay_whole_json(lam, capsys):
+    """Ten organizations of one batch write their lines at the same time:
+    each stays one line of JSON (CloudWatch Logs Insights parses them)."""
+    from core.rebuild.runner import print_line
+    import threading
+    barrier = threading.Barrier(10)
+
+    def burst(i):
+        barrier.wait()
+        for n in range(200):
+            print_line({"event": "rebuild", "org_id": f"org-{i}", "n": n, "pad": "x" * 300})
+
+    threads = [threading.Thread(target=burst, args=(i,)) for i in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2000
+    assert all(json.loads(line)["event"] == "rebuild" for line in lines)

@@ -366,6 +366,17 @@ def test_rebuild_role_allows_every_s3_access_the_rebuild_makes(template, tmp_pat
     SnapshotBuilder(recording, "acme", work_dir=str(tmp_path / "build")).rebuild(from_scratch=True)
     assert ("s3:DeleteObject" in {a for a, _ in recording.calls})
     assert list(inner.list_keys("orgs/acme/idempotency/")) == []  # the rebuild's housekeeping took it
+    # the schedule past a page of context runs: reads and moves its mark
+    from core.rebuild import backlog as backlog_module
+    from core.ledger import Ledger
+    for _ in range(3):
+        Ledger(inner).append("acme", "context_run", {"note": "a compile"}, actor="alice", suffix=".run.json")
+    old_page, backlog_module.PAGE_SIZE = backlog_module.PAGE_SIZE, 2
+    try:
+        assert not backlog_module.backlog(recording, "acme", skew_seconds=0).due
+    finally:
+        backlog_module.PAGE_SIZE = old_page
+    assert ("s3:PutObject", "orgs/acme/runs-listed.json") in recording.calls
     denied = sorted({(a, k) for a, k in recording.calls if not allowed(template, "RebuildFunction", a, k)},
                     key=lambda c: (c[0], c[1] or ""))
     assert denied == []

@@ -99,3 +99,27 @@ def test_a_sweep_that_fails_at_the_start_of_a_build_is_reported_and_the_build_go
     built = SnapshotBuilder(store, "acme", work_dir=str(tmp_path / "w"), progress=said.append).rebuild()
     assert built.published and built.claim_count == 3
     assert any("work files of earlier builds not removed" in line for line in said)
+
+
+def test_drain_waits_only_for_builds_that_started_before_the_erasures_generation(tmp_path, monkeypatch):
+    from core.errors import Unavailable
+    monkeypatch.setattr(workfiles, "ERASURE_WAIT_SECONDS", 0.3)
+    newer = WorkFile(str(tmp_path), "build-acme-", base=5)  # started from the erasure's generation: nothing erased
+    assert workfiles.drain(str(tmp_path), "acme", 5) == 0
+    older = WorkFile(str(tmp_path), "build-acme-", base=4)  # started before it: may hold the erased text
+    with pytest.raises(Unavailable, match="still holds a work file"):
+        workfiles.drain(str(tmp_path), "acme", 5)
+    older.release()
+    assert workfiles.drain(str(tmp_path), "acme", 5) == 0
+    newer.release()
+
+
+def test_drain_leaves_other_organizations_files_alone(tmp_path):
+    """Even one it cannot take: another organization's build never holds an erasure up."""
+    other = WorkFile(str(tmp_path), "build-acme-eu-")
+    with open(other.path, "wb") as f:
+        f.write(b"acme-eu's snapshot")
+    (tmp_path / "build-acme-eu-0123456789ab.sqlite").write_bytes(b"left by acme-eu's killed build")
+    assert workfiles.drain(str(tmp_path), "acme", 5) == 0
+    assert os.path.exists(other.path) and (tmp_path / "build-acme-eu-0123456789ab.sqlite").exists()
+    other.release()

@@ -118,6 +118,12 @@ class ErasureWork:
         purged = self.purged.get(erasure_id)
         return purged.taken() if purged is not None else {}
 
+    def completes(self, erased: dict[str, dict]) -> bool:
+        """Whether ``complete(erased)`` would mark a pending erasure complete
+        (a replay from empty lists every erasure it enforced again; only a
+        pending one needs the build to wait for copies: core/snapshot/workfiles.py)."""
+        return any(record["erasure_id"] in erased for record, _ in self.targets)
+
     def complete(self, erased: dict[str, dict]) -> list[dict]:
         """Mark every pending erasure complete (after the generation without
         their records was published) and append its content-free outcome to

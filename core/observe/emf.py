@@ -93,6 +93,20 @@ def document(namespace: str, groups: list[Group], *, organization: str | None = 
     return {"_aws": {"Timestamp": stamp, "CloudWatchMetrics": directives}, **root}
 
 
+# every whole line this process writes to stdout (EMF documents, the
+# rebuild's per-organization lines) goes through one lock in one write, so
+# lines written from several threads never interleave
+_LINES = threading.Lock()
+
+
+def write_line(text: str, stream=None) -> None:
+    """``text`` and its newline, whole, to ``stream`` (stdout as it is now)."""
+    stream = stream or sys.stdout  # looked up now: Lambda's (and a test's) current stdout
+    with _LINES:
+        stream.write(text + "\n")
+        stream.flush()
+
+
 class Metrics:
     """Writes EMF documents, one line each, to stdout (or ``stream``)."""
 
@@ -102,7 +116,6 @@ class Metrics:
         self.enabled = enabled
         self.organizations = frozenset(organizations)
         self._stream = stream
-        self._lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings) -> "Metrics":
@@ -118,9 +131,5 @@ class Metrics:
                        organization=org_id if org_id in self.organizations else None)
         if not doc["_aws"]["CloudWatchMetrics"]:
             return None
-        line = json.dumps(doc, separators=(",", ":")) + "\n"
-        stream = self._stream or sys.stdout  # looked up now: Lambda's (and a test's) current stdout
-        with self._lock:
-            stream.write(line)
-            stream.flush()
+        write_line(json.dumps(doc, separators=(",", ":")), self._stream)
         return doc

@@ -22,7 +22,10 @@ an earlier pass listed with nothing but runs before it — and moves that
 mark forward (a compare-and-swap; one small PUT) to the newest run it
 listed that is older than the skew window. A pass then costs the runs of
 the last ``skew_seconds`` plus one page, however long the organization has
-only compiled; the mark is ignored once the watermark passes it.
+only compiled. The mark records the watermark it was set against and is used
+only while the pointer still has that watermark: a rebuild moves it forward,
+a rollback back (and the writes after the older watermark must be seen
+again).
 
 - No pointer yet: due when the ledger holds any entry a rebuild would apply.
 - A pointer that records no watermark (published before watermarks were):
@@ -76,14 +79,14 @@ def backlog(store: Store, org_id: str, *, skew_seconds: float = 600.0, now_ms: i
     start_after = prefix + watermark + "~" if watermark else None  # past "<hex>.json" and "<hex>.run.json"
     found, runs, last = _scan(store, prefix, start_after, PAGE_SIZE)
     if found is None and runs == PAGE_SIZE:  # a page of runs: resume where an earlier pass found only runs
-        mark, etag = _read_mark(store, org_id)
+        mark, etag = _read_mark(store, org_id, prefix, watermark)
         now = now_ms if now_ms is not None else int(time.time() * 1000)
         # the mark never passes a run of the skew window: a late write could still land behind it
         cutoff = now - int(skew_seconds * 1000)
         found, _, settled = _scan(store, prefix, max(last, mark or ""), None, settled_before_ms=cutoff)
         if (found is None and settled.endswith(RUN_SUFFIX) and (mark is None or settled > mark)
                 and uuid7_ms(entry_hex_of(settled)) < cutoff):
-            _move_mark(store, org_id, etag, settled)
+            _move_mark(store, org_id, etag, settled, watermark)
     if found is not None:
         return Backlog(org_id, True, generation, f"ledger entry {found.rsplit('/', 1)[1]} is not applied")
     return Backlog(org_id, False, generation, "nothing new")
@@ -107,21 +110,29 @@ def _scan(store: Store, prefix: str, start_after: str | None, limit: int | None,
     return None, runs, last
 
 
-def _read_mark(store: Store, org_id: str) -> tuple[str | None, str | None]:
-    """(the mark, its ETag); (None, None) when there is none."""
+def _read_mark(store: Store, org_id: str, prefix: str, watermark: str) -> tuple[str | None, str | None]:
+    """(the mark, its ETag); (None, None) when there is none. A mark set
+    against another watermark is not used (a rollback moves the watermark
+    back, and writes between it and the mark must be seen again), nor one
+    that does not name one of this ledger's runs."""
     try:
         obj = store.get(runs_listed_key(org_id))
     except ObjectNotFound:
         return None, None
     try:
-        return str(json.loads(obj.body)["listed_through"]), obj.etag
+        mark = json.loads(obj.body)
+        listed_through, set_against = mark["listed_through"], mark["watermark"]
     except (ValueError, KeyError, TypeError):
         return None, obj.etag  # unreadable: replaced by the next mark
+    if (set_against != watermark or not isinstance(listed_through, str)
+            or not listed_through.startswith(prefix) or not listed_through.endswith(RUN_SUFFIX)):
+        return None, obj.etag
+    return listed_through, obj.etag
 
 
-def _move_mark(store: Store, org_id: str, etag: str | None, listed_through: str) -> None:
+def _move_mark(store: Store, org_id: str, etag: str | None, listed_through: str, watermark: str) -> None:
     """A lost race or a failed write only means the next pass lists more."""
-    body = json.dumps({"listed_through": listed_through}).encode()
+    body = json.dumps({"listed_through": listed_through, "watermark": watermark}).encode()
     try:
         if etag is None:
             store.put_if_absent(runs_listed_key(org_id), body)

@@ -54,11 +54,11 @@ queue's message group plus the pointer's compare-and-swap.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from core.keys import ORG_ID
+from core.observe.emf import write_line
 from core.observe.metrics import build_groups, failure_groups
 from core.rebuild.backlog import backlog
 from core.rebuild.queue import RebuildRequestInvalid, parse_request, serve_request
@@ -80,8 +80,9 @@ class RebuildFailed(Exception):
 
 
 def print_line(line: dict) -> None:
-    """One JSON line on stdout: CloudWatch Logs on Lambda."""
-    print(json.dumps(line, sort_keys=True), file=sys.stdout, flush=True)
+    """One JSON line on stdout: CloudWatch Logs on Lambda (whole, even from
+    the threads of an SQS batch)."""
+    write_line(json.dumps(line, sort_keys=True))
 
 
 def _remaining_ms(context) -> float:

@@ -43,6 +43,7 @@ from typing import Callable
 import apsw
 
 from core.budget.tokens import TOKENIZER_ID
+from core.errors import Unavailable
 from core.lexical.words import WORDS_ID
 from core.ids import uuid7_floor_hex, uuid7_ms
 from core.instants import canonical, now_utc
@@ -154,14 +155,21 @@ class SnapshotBuilder:
         os.makedirs(self.work_dir, exist_ok=True)
         if pointer is not None and pointer.get("erasures"):
             # a build that published an erasure and stopped before marking it
-            # complete; this one finishes it (before it holds a work file of
-            # its own, so a build draining for it never waits for this one)
-            self.erasure_work.recover(pointer, before_complete=self._drain_work_files)
+            # complete; this one finishes it — or, when a copy of what it
+            # erased may still be on this machine, leaves it pending for a
+            # later build and goes on with its own work
+            try:
+                self.erasure_work.recover(pointer, before_complete=lambda: self._drain_work_files(
+                    pointer["generation"]))
+            except (OSError, Unavailable) as exc:
+                self.notes.append(f"an erasure published in generation {pointer['generation']} stays pending: "
+                                  f"{exc}")
+                self.progress(f"{self.org_id}: {self.notes[-1]}")
         try:
             self._sweep_work_files()
         except OSError as exc:  # never fails a build; an erasure's is checked again (strictly) before complete
             self.progress(f"{self.org_id}: work files of earlier builds not removed: {exc}")
-        held = WorkFile(self.work_dir, f"build-{self.org_id}-")
+        held = WorkFile(self.work_dir, f"build-{self.org_id}-", base=pointer["generation"] if pointer else 0)
         work = held.path
         self.base = None
         self.delta_stats = None
@@ -207,11 +215,11 @@ class SnapshotBuilder:
                 published = publish(self.store, self.org_id, work, size, generation, pointer, etag, fields,
                                     self.progress, self.before_publish, only_generation=bool(erased))
             self.kept.keep(work, generation, published.digests, size)
-            if erased:
+            if self.erasure_work.completes(erased):
                 # no work file of a killed or a running build keeps what was
                 # just erased: a failure here fails the build, and a later
                 # build completes it (``recover``)
-                self._drain_work_files(own=held)
+                self._drain_work_files(generation, own=held)
                 self.erasure_work.complete(erased)
             return RebuildResult(self.org_id, generation, True, applied, fields["content_hash"],
                                  fields["claim_count"], size, time.monotonic() - started, published.key,
@@ -225,9 +233,10 @@ class SnapshotBuilder:
         if removed:
             self.progress(f"{self.org_id}: removed {removed} work files left by a build that did not finish")
 
-    def _drain_work_files(self, own: WorkFile | None = None) -> None:
-        """Before an erasure is marked complete (core/snapshot/workfiles.py, ``drain``)."""
-        removed = workfiles.drain(self.work_dir, self.org_id, own=own, progress=self.progress)
+    def _drain_work_files(self, generation: int, own: WorkFile | None = None) -> None:
+        """Before an erasure carried out by ``generation`` is marked complete
+        (core/snapshot/workfiles.py, ``drain``)."""
+        removed = workfiles.drain(self.work_dir, self.org_id, generation, own=own, progress=self.progress)
         if removed:
             self.progress(f"{self.org_id}: removed {removed} work files left by a build that did not finish")
 
@@ -274,7 +283,7 @@ class SnapshotBuilder:
             if pointer is not None and read_meta(db, "vector_fingerprint") is None:
                 # a replay from empty: reuse the previous generation's embeddings
                 seed_embed_cache(db, self.store, full_of(pointer)["snapshot_key"], self.work_dir,
-                                 f"seed-{self.org_id}-", self.progress)
+                                 f"seed-{self.org_id}-", pointer["generation"], self.progress)
             self.vector_stats = sync_vectors(db, self.embedder, self.progress)
             fields["vector"] = self._vector_record("error" if self.vector_stats.error else "ok")
         elif read_meta(db, "vector_status") is not None:

@@ -18,16 +18,22 @@ The rules:
   created), so a sweep never removes a live build's file;
 - ``sweep`` removes the files of every stem whose lock it can take, and
   work files with no lock file at all (left by a release before this rule);
-- before an erasure is marked complete, ``drain`` also waits (up to
-  ``ERASURE_WAIT_SECONDS``) for the organization's *running* builds: one
-  that began before the erasure was asked (an operator's ``titen rebuild``
-  beside ``titen serve``) holds the erased text in its work file until it
-  ends, and it ends soon, since it can no longer publish. Only that
-  organization's files are waited for (names carry the organization), so
-  two organizations' builds never wait for each other; and a build drains
-  before it creates its own work file, or skips its own, so two builds of
-  one organization never wait for each other either. Past the wait the
-  build fails and the erasure stays pending: the next build finishes it.
+- a lock file holds the generation its build started from (the pointer it
+  read before creating the file);
+- before an erasure is marked complete, ``drain`` removes the
+  organization's dead builds' files and waits (up to
+  ``ERASURE_WAIT_SECONDS``) for its *running* builds that started from a
+  generation older than the one that carried the erasure out: such a build
+  (an operator's ``titen rebuild`` beside ``titen serve``) may hold the
+  erased text in its work file until it ends, and it ends soon, since it
+  can no longer publish. A build that started from that generation or a
+  later one holds none, and is not waited for. So two builds never wait for
+  each other: if A waits for B, B started before A published, and then B
+  cannot publish (the pointer moved), so it never reaches a wait of its own.
+  Only the organization's own files count (names carry the organization):
+  another organization's builds, or a file of theirs that cannot be
+  removed, never hold an erasure up. Past the wait the build fails and the
+  erasure stays pending: the next build finishes it.
 
 An ``flock`` belongs to an open file, not to a process: two builds in one
 process (two organizations on two threads) exclude each other like two
@@ -59,9 +65,10 @@ _POLL_SECONDS = 0.1
 
 
 class WorkFile:
-    """A fresh work file path in ``work_dir``, held until ``release``."""
+    """A fresh work file path in ``work_dir``, held until ``release``;
+    ``base``: the generation its build started from (0: none published)."""
 
-    def __init__(self, work_dir: str, prefix: str):
+    def __init__(self, work_dir: str, prefix: str, base: int = 0):
         while True:
             stem = os.path.join(work_dir, f"{prefix}{secrets.token_hex(6)}")
             try:
@@ -75,6 +82,7 @@ class WorkFile:
             except FileNotFoundError:
                 pass
             os.close(fd)  # swept between its creation and its lock: take another name
+        os.write(fd, str(base).encode())
         self._fd = fd
         self.stem = os.path.basename(stem)
         self._stem = stem
@@ -100,18 +108,21 @@ def sweep(work_dir: str) -> int:
     return _sweep(work_dir)[0]
 
 
-def drain(work_dir: str, org_id: str, *, own: WorkFile | None = None,
+def drain(work_dir: str, org_id: str, generation: int, *, own: WorkFile | None = None,
           progress: Callable[[str], None] = lambda message: None) -> int:
-    """``sweep``, then wait until no other build of ``org_id`` holds a work
-    file here (``ERASURE_WAIT_SECONDS`` at most); how many files went.
-    Raises ``Unavailable`` when one still does."""
+    """Remove the work files of ``org_id``'s dead builds, then wait until
+    none of its running builds that started before ``generation`` (the one
+    that carried an erasure out) holds a work file here
+    (``ERASURE_WAIT_SECONDS`` at most); how many files went. Raises
+    ``Unavailable`` when one still does."""
     mine = re.compile(f"(?:build|seed)-{re.escape(org_id)}-[0-9a-f]{{12}}")
     deadline = time.monotonic() + ERASURE_WAIT_SECONDS
     removed, told = 0, False
     while True:
-        went, live = _sweep(work_dir)
+        went, live = _sweep(work_dir, mine)
         removed += went
-        running = sorted(stem for stem in live if mine.fullmatch(stem) and (own is None or stem != own.stem))
+        running = sorted(stem for stem in live if (own is None or stem != own.stem)
+                         and _base(work_dir, stem) < generation)
         if not running:
             return removed
         if time.monotonic() >= deadline:
@@ -124,8 +135,19 @@ def drain(work_dir: str, org_id: str, *, own: WorkFile | None = None,
         time.sleep(_POLL_SECONDS)
 
 
-def _sweep(work_dir: str) -> tuple[int, list[str]]:
-    """(files removed, stems of the builds still running)."""
+def _base(work_dir: str, stem: str) -> int:
+    """The generation a running build started from; 0 (oldest: waited
+    for) when its lock file says none yet or is gone."""
+    try:
+        with open(os.path.join(work_dir, stem + ".lock"), "rb") as f:
+            return int(f.read(32) or b"0")
+    except (OSError, ValueError):
+        return 0
+
+
+def _sweep(work_dir: str, only: re.Pattern | None = None) -> tuple[int, list[str]]:
+    """(files removed, stems of the builds still running); with ``only``,
+    of the stems it matches."""
     try:
         names = os.listdir(work_dir)
     except FileNotFoundError:
@@ -133,7 +155,7 @@ def _sweep(work_dir: str) -> tuple[int, list[str]]:
     stems: dict[str, list[str]] = {}
     for name in names:
         match = _NAME.fullmatch(name)
-        if match:
+        if match and (only is None or only.fullmatch(match["stem"])):
             stems.setdefault(match["stem"], []).append(name)
     removed, live = 0, []
     for stem, files in stems.items():

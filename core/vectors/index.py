@@ -176,7 +176,7 @@ def _sync(db: apsw.Connection, embedder: Embedder, progress, stats: SyncStats) -
                             scope_key(reader_tag(visibility, workspace, owner)), blob, coarse_input(blob)))
 
 
-def seed_embed_cache(db: apsw.Connection, store, snapshot_key: str, work_dir: str, prefix: str,
+def seed_embed_cache(db: apsw.Connection, store, snapshot_key: str, work_dir: str, prefix: str, base: int,
                      progress=lambda m: None) -> int:
     """Copy the embedding cache of a published generation into a snapshot
     being replayed from empty, so a replay re-embeds nothing it already had.
@@ -188,7 +188,7 @@ def seed_embed_cache(db: apsw.Connection, store, snapshot_key: str, work_dir: st
 
     # ``prefix`` names the organization (``seed-<org>-``): an erasure waits
     # for its own organization's running builds only (core/snapshot/workfiles.py)
-    held = WorkFile(work_dir, prefix)
+    held = WorkFile(work_dir, prefix, base=base)
     path = held.path
     try:
         store.download_file(snapshot_key, path)
