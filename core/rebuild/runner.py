@@ -69,10 +69,11 @@ from core.snapshot.publish import RebuildConflict
 # a rebuild cut off by the Lambda timeout wastes its work (the previous
 # generation keeps serving, so it is never harmful).
 TIME_MARGIN_MS = 60_000
-# the organizations of one SQS batch rebuild at the same time (a batch holds
-# at most ten messages); each build is mostly storage and SQLite I/O and
-# waits, which release the GIL
-MAX_PARALLEL_ORGANIZATIONS = 10
+# the organizations of one SQS batch rebuild at the same time, four at most
+# (a batch holds up to ten): each build is mostly storage and SQLite I/O and
+# waits, which release the GIL, but each also holds a work file and its
+# organization's kept copy in the environment's /tmp and memory
+MAX_PARALLEL_ORGANIZATIONS = 4
 
 
 class RebuildFailed(Exception):
