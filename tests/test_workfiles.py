@@ -123,3 +123,14 @@ def test_drain_leaves_other_organizations_files_alone(tmp_path):
     assert workfiles.drain(str(tmp_path), "acme", 5) == 0
     assert os.path.exists(other.path) and (tmp_path / "build-acme-eu-0123456789ab.sqlite").exists()
     other.release()
+
+
+def test_a_build_that_carried_no_erasure_out_completes_none(tmp_path):
+    """A pending erasure whose entry the build did not list (it came during
+    the build) is left to the next build: nothing to wait for, nothing marked."""
+    from core.erasure.work import ErasureWork
+    from core.storage.local import LocalStore
+    work = ErasureWork(LocalStore(str(tmp_path)), "acme", 600)
+    work.targets = [({"erasure_id": "era_" + "1" * 32}, None)]
+    assert not work.completes(None) and not work.completes({})
+    assert work.completes({"era_" + "1" * 32: {}})

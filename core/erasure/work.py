@@ -118,11 +118,13 @@ class ErasureWork:
         purged = self.purged.get(erasure_id)
         return purged.taken() if purged is not None else {}
 
-    def completes(self, erased: dict[str, dict]) -> bool:
+    def completes(self, erased: dict[str, dict] | None) -> bool:
         """Whether ``complete(erased)`` would mark a pending erasure complete
         (a replay from empty lists every erasure it enforced again; only a
-        pending one needs the build to wait for copies: core/snapshot/workfiles.py)."""
-        return any(record["erasure_id"] in erased for record, _ in self.targets)
+        pending one needs the build to wait for copies: core/snapshot/workfiles.py).
+        ``erased`` is None when the build carried no erasure out (a pending
+        one whose entry it did not list waits for the next build)."""
+        return bool(erased) and any(record["erasure_id"] in erased for record, _ in self.targets)
 
     def complete(self, erased: dict[str, dict]) -> list[dict]:
         """Mark every pending erasure complete (after the generation without
