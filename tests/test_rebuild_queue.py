@@ -523,7 +523,9 @@ def test_organizations_in_one_batch_rebuild_at_the_same_time(lam, monkeypatch):
 
 def test_an_erasure_asked_through_the_api_is_carried_out_by_the_queued_rebuild(lam):
     boto3.client("s3").put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
-    observe(lam, "The harbour gate code is 4711.")
+    # a code with letters past f: no id, hash or ETag in an object can spell it by chance
+    # (a digits-only code was once found inside an erasure id's hex)
+    observe(lam, "The harbour gate code is kestrelquay.")
     deliver(lam, receive(lam))
     assert compile_items(lam, "harbour gate code")[0]
     evt = _event("erase-subject.json")
@@ -548,7 +550,7 @@ def test_an_erasure_asked_through_the_api_is_carried_out_by_the_queued_rebuild(l
     s3 = boto3.client("s3")
     for version in s3.list_object_versions(Bucket=BUCKET).get("Versions", []):
         body = s3.get_object(Bucket=BUCKET, Key=version["Key"], VersionId=version["VersionId"])["Body"].read()
-        assert b"4711" not in body, version["Key"]
+        assert b"kestrelquay" not in body, version["Key"]
 
 
 def test_lines_written_from_a_batchs_threads_stay_whole_json(lam, capsys):
