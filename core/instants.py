@@ -32,9 +32,11 @@ def canonical(dt: datetime) -> str:
 
 # The shape accepted, before the calendar and the range are checked: the
 # extended ISO-8601 date and time of RFC 3339 (seconds and fraction optional),
-# with Z or an offset. datetime.fromisoformat alone also took a trailing
-# space, "12:00:00.Z", basic and week-date forms.
-SHAPE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]+)?)?([Zz]|[+-][0-9]{2}(:?[0-9]{2})?)")
+# with Z or an offset of hours 00-23 and minutes 00-59. datetime.fromisoformat
+# alone also took a trailing space, "12:00:00.Z", basic and week-date forms,
+# and an offset of 99 minutes (+00:99 read as +01:39).
+SHAPE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]+)?)?"
+                   r"([Zz]|[+-]([01][0-9]|2[0-3])(:?[0-5][0-9])?)")
 # What the OpenAPI document says: the same shape with its fields' ranges and
 # the years 1970-9999 (the calendar, and an offset that moves an instant out
 # of range, are checked beyond it).
