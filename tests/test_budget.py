@@ -132,6 +132,19 @@ def test_a_budget_too_small_for_the_envelope_names_the_exact_smallest_one_that_c
     assert api.compile(key, task, max_tokens=needed - 1).status_code == 400
 
 
+@pytest.mark.parametrize("ids", [{"subject_id": "u" * 128}, {"subject_id": "u" * 128, "project_id": "p" * 128}])
+def test_a_long_id_is_echoed_so_its_smallest_budget_is_named_and_compiles(api, ids):
+    # api.md §8.6: the envelope echoes the ids too, so 128 need not hold a one-letter task
+    key = api.key()
+    r = api.compile(key, "x", max_tokens=128, **ids)
+    assert r.status_code == 400, r.text
+    needed = int(re.search(r"smallest budget that would is (\d+)", r.json()["error"]["message"]).group(1))
+    ok = api.compile(key, "x", max_tokens=needed, **ids)
+    assert ok.status_code == 200, ok.text
+    assert count_tokens(dumps(ok.json()["data"])) <= needed
+    assert api.compile(key, "x", max_tokens=needed - 1, **ids).status_code == 400
+
+
 def test_query_is_the_task_string_and_the_stored_pack_omits_it(api):
     key = api.key()
     api.observe(key, claim={"statement": "Deploy smoke must pass before release.", "kind": "procedural",
