@@ -112,6 +112,19 @@ def test_compile_never_sees_or_counts_what_the_caller_may_not_read(api, world, r
     assert r.json()["meta"]["candidates"] == len(visible)
 
 
+@pytest.mark.parametrize("reader", list(READERS))
+def test_readyz_counts_only_the_claims_the_key_may_read(api, world, reader):
+    ready = api.get("/readyz", world[reader]).json()["data"]
+    assert ready["claim_count"] == len(READERS[reader])
+
+
+def test_readyz_without_a_key_counts_no_one_s_claims(api, world):
+    api.get("/readyz", world["alice"])  # acme loaded in this process
+    ready = api.get("/readyz").json()["data"]
+    assert ready["organizations"] == 1
+    assert ready["claim_count"] is None
+
+
 def test_team_visibility_follows_the_key_workspaces(api, world):
     teammate = api.key(principal="carol", workspaces=["ws_a"])
     claims = {i["claim_id"] for i in api.compile(teammate, "deploy rule").json()["data"]["items"]}

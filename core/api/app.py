@@ -20,8 +20,11 @@ from core.api.envelope import Serialized, error_response, one_header
 from core.api.evidence import claim_evidence
 from core.errors import Internal, MethodNotAllowed, NotFound, TitenError, echo, printable
 from core.ids import new_id
+from core.keys import Principal
 from core.observe.request_line import RequestLine
 from core.service import WRITE_ROUTES, Service
+from core.snapshot.lookups import readable_claim_count
+from core.snapshot.reader import Snapshot
 from core.writes.idempotency import HEADER as IDEMPOTENCY_HEADER, parse_key as parse_idempotency_key
 
 
@@ -56,6 +59,13 @@ async def openapi_json(request: Request) -> Response:
 GIL_SWITCH_INTERVAL_S = 0.0002
 
 
+def _readable_claims(snapshot: Snapshot | None, principal: Principal) -> int:
+    if snapshot is None:
+        return 0
+    with snapshot.lease():  # a connection of its own
+        return readable_claim_count(snapshot.db, principal)
+
+
 def create_app(service: Service) -> Starlette:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     @endpoint(service, auth=False, inline=True)
@@ -64,12 +74,14 @@ def create_app(service: Service) -> Starlette:
 
     @endpoint(service, auth=False)
     def readyz(request, principal, body):
-        org = None
+        org = reader = None
         authorization = one_header(request, "Authorization")
         if authorization:
-            org = service.keys.authenticate(authorization).org_id
+            reader = service.keys.authenticate(authorization)
+            org = reader.org_id
         orgs = [org] if org else service.reader.loaded()
-        unavailable = [reason for _, reason in (service.reader.check(o) for o in orgs) if reason]
+        checks = {o: service.reader.check(o) for o in orgs}
+        unavailable = [reason for _, reason in checks.values() if reason]
         states = [service.reader.status(o) for o in orgs]
         loaded = [s for s in states if s["generation"]]
         newest = max(loaded, key=lambda s: s["generation"], default=None)
@@ -77,7 +89,9 @@ def create_app(service: Service) -> Starlette:
         data = {"status": "not_ready" if unavailable else "ready",
                 "generation": newest["generation"] if newest else 0,
                 "generation_age_seconds": newest["generation_age_seconds"] if newest else None,
-                "claim_count": sum(s["claim_count"] for s in states),
+                # a count of records is the caller's own: the claims its key may
+                # read; without a key, none (no tenant's count reaches a stranger)
+                "claim_count": _readable_claims(checks[org][0], reader) if reader else None,
                 "vector": vector_state,
                 "organizations": len(loaded),
                 "last_refresh_error": next((s["last_refresh_error"] for s in states

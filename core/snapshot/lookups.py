@@ -28,6 +28,15 @@ def claim_for_reader(db, principal: Principal, claim_id: str) -> dict | None:
     return dict(zip(names, row))
 
 
+def readable_claim_count(db, principal: Principal) -> int:
+    """How many claims of the snapshot (any status, any subject) this
+    principal may read: what ``/readyz`` reports to a key, so that another
+    principal's private or team claims are not counted (docs/api.md §8.10)."""
+    vis, vis_params = visibility_sql(principal, "c")
+    return db.execute(f"SELECT count(*) FROM claims c WHERE c.org_id = ? AND {vis}",
+                      [principal.org_id, *vis_params]).fetchone()[0]
+
+
 def observations_for_reader(db, principal: Principal, ids: list[str]) -> dict[str, dict]:
     """The observations among ``ids`` this principal may read, by id."""
     if not ids:
