@@ -10,6 +10,7 @@ import time
 import pytest
 
 from bench.common import Served
+from core.api.edge import HEAD_LIMIT_BYTES, HEADER_COUNT_LIMIT
 from core.config import Settings
 from core.keys import KeyRing
 from core.storage import open_store
@@ -90,6 +91,52 @@ def test_a_well_formed_request_still_writes(served):
     status, _, body = parse(exchange(served, post(served, b"Content-Length: %d\r\nConnection: close\r\n" % len(OBS))))
     assert status == 201, body
     assert len(ledger(served)) == len(before) + 1
+
+
+@pytest.mark.parametrize("extra", [
+    b"X-Big: " + b"a" * (HEAD_LIMIT_BYTES + 1) + b"\r\n",                      # one header over the limit
+    b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 100) for i in range(200)),          # many headers, their sum over it
+    b"".join(b"X-H%d: v\r\n" % i for i in range(HEADER_COUNT_LIMIT + 1)),     # more headers than the count
+], ids=["one-huge-header", "headers-summing-over", "too-many-headers"])
+def test_a_request_head_over_the_limit_is_a_400_that_writes_nothing(served, extra):
+    before = ledger(served)
+    raw = post(served, extra + b"Content-Length: %d\r\n" % len(OBS))
+    status, headers, body = parse(exchange(served, raw))
+    assert status == 400 and headers["connection"] == "close"
+    assert body["error"]["code"] == "VALIDATION_ERROR"
+    assert "request head" in body["error"]["message"]
+    assert ledger(served) == before
+
+
+def test_a_head_that_never_ends_is_refused_before_it_is_held_in_memory(served):
+    # 8 MiB of one header, sent without its end (a server with no limit read
+    # it whole and waited for more)
+    sock = socket.create_connection(("127.0.0.1", served.port))
+    sock.settimeout(10)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\nX-Big: ")
+    sent = 0
+    try:
+        while sent < 8 << 20:
+            sock.sendall(b"a" * 65536)
+            sent += 65536
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the server closed while the client was still sending
+    answer = b""
+    try:
+        while chunk := sock.recv(65536):
+            answer += chunk
+    except (ConnectionResetError, socket.timeout):
+        pass  # a reset can overtake the 400 when the client's bytes were unread
+    sock.close()
+    # either the 400 came back, or the server closed before it had the 8 MiB
+    assert answer.startswith(b"HTTP/1.1 400") or sent < 8 << 20, answer[:200]
+
+
+def test_a_head_just_within_the_limit_is_served(served):
+    extra = b"X-Big: " + b"a" * (HEAD_LIMIT_BYTES - 2048) + b"\r\n"
+    status, _, body = parse(exchange(served, post(served, extra + b"Content-Length: %d\r\nConnection: close\r\n"
+                                                   % len(OBS))))
+    assert status == 201, body
 
 
 def test_a_body_that_never_arrives_is_a_408_in_the_envelope_and_the_connection_closes(served):
