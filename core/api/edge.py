@@ -84,7 +84,7 @@ class EnvelopeHttpToolsProtocol(HttpToolsProtocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count_head(len(name) + len(value))
         if len(self.headers) >= HEADER_COUNT_LIMIT:
-            self._refusal = f"more than {HEADER_COUNT_LIMIT} headers"
+            self._refusal = f"has more than {HEADER_COUNT_LIMIT} headers"
             raise _HeadTooLarge
         super().on_header(name, value)
 
@@ -95,11 +95,11 @@ class EnvelopeHttpToolsProtocol(HttpToolsProtocol):
     def _count_head(self, n: int) -> None:
         self._head_bytes += n
         if self._head_bytes > HEAD_LIMIT_BYTES:
-            self._refusal = f"over {HEAD_LIMIT_BYTES} bytes"
+            self._refusal = f"is over {HEAD_LIMIT_BYTES} bytes"
             raise _HeadTooLarge
 
     def _refuse_head(self) -> None:
-        self._refusal = f"over {HEAD_LIMIT_BYTES} bytes"
+        self._refusal = f"is over {HEAD_LIMIT_BYTES} bytes"
         self.send_400_response("request head too large")
 
     def send_400_response(self, msg: str) -> None:
