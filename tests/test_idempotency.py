@@ -150,6 +150,19 @@ def test_json_formatting_is_not_a_different_body(api):
     assert again.status_code == 201 and again.json()["data"] == first["data"]
 
 
+@pytest.mark.parametrize("nulls", [{"project_id": None}, {"occurred_at": None, "workspace_id": None},
+                                   {"claim": {**OBSERVATION["claim"], "valid_to": None}}])
+def test_a_null_field_is_the_same_request_as_the_field_absent(api, nulls):
+    # api.md §4: null means absent, so a client whose serializer adds nulls on its retry replays
+    key = api.key()
+    first = api.post("/v1/observations", OBSERVATION, keyed(key, "k")).json()
+    stored = api.ledger_keys()
+    again = api.post("/v1/observations", {**OBSERVATION, **nulls}, keyed(key, "k"))
+    assert again.status_code == 201, again.text
+    assert again.json()["data"] == first["data"] and again.json()["meta"]["idempotent_replay"] is True
+    assert api.ledger_keys() == stored
+
+
 def test_a_key_is_per_route(api):
     key = api.key()
     obs = api.post("/v1/observations", OBSERVATION, keyed(key, "k")).json()["data"]

@@ -60,8 +60,18 @@ def parse_key(value: str | None) -> str | None:
     return value
 
 
+def _without_nulls(value):
+    """The body as the service reads it: a member set to null is absent
+    (docs/api.md §4), so a retry that adds or drops one is the same request."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
 def request_hash(params: dict, body) -> str:
-    text = json.dumps({"params": params, "body": body}, sort_keys=True, separators=(",", ":"),
+    text = json.dumps({"params": params, "body": _without_nulls(body)}, sort_keys=True, separators=(",", ":"),
                       ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
 
