@@ -85,5 +85,5 @@ def _scoped(snapshot: Snapshot, scope: CompileScope, rowids: list[int], columns:
     where, params = scope.where()
     # ids bound as one carray: the planner then always reads claims by rowid
     # (with a literal IN list it may walk the subject's scope index instead)
-    sql = f"SELECT {columns} FROM claims c WHERE c.rowid IN carray(?) AND {where}"
+    sql = f"SELECT {columns} FROM claims c NOT INDEXED WHERE c.rowid IN carray(?) AND {where}"
     return list(snapshot.db.execute(sql, [apsw.carray(array("q", rowids)), *params]))

@@ -15,6 +15,7 @@ as the FTS5 query orders them. How the platform's FTS5 adds the phrases
 
 from __future__ import annotations
 
+import json
 import sys
 import weakref
 from array import array
@@ -99,7 +100,7 @@ class _Scope:
 
     def __init__(self, db: apsw.Connection, where: str, params: list):
         self.db = db
-        self.sql = f"SELECT c.rowid, c.claim_id FROM claims c WHERE c.rowid IN carray(?) AND {where}"
+        self.sql = f"SELECT c.rowid, c.claim_id FROM claims c NOT INDEXED WHERE c.rowid IN carray(?) AND {where}"
         self.params = params
         self.claim_id: dict[int, str] = {}   # in scope → claim_id
         self.checked: set[int] = set()
@@ -212,11 +213,17 @@ def _lists(db: apsw.Connection, state: _State, subject_id: str, readers, distinc
     if not todo:
         return lists
     marks = ",".join("?" * len(todo))
-    reader_marks = ",".join("?" * len(readers))
     blocks: dict[str, list] = {}
+    # Each (reader, term) pair is one lookup of the whole key: with IN lists
+    # SQLite may seek (subject_id, reader) alone and filter the terms, which
+    # the statistics make look cheap when most subjects are small, and then
+    # read every posting block of a large subject. CROSS JOIN fixes the loop
+    # order, so every key column is an equality.
     for term, reader, first, rowids, tfdl in db.execute(
-            f"SELECT term, reader, first_rowid, rowids, tfdl FROM lex_postings WHERE subject_id = ?"
-            f" AND reader IN ({reader_marks}) AND term IN ({marks})", [subject_id, *readers, *todo]):
+            "SELECT lex_postings.term, lex_postings.reader, first_rowid, rowids, tfdl"
+            " FROM json_each(?) AS r CROSS JOIN json_each(?) AS t CROSS JOIN lex_postings"
+            " WHERE lex_postings.subject_id = ? AND lex_postings.reader = r.value AND lex_postings.term = t.value",
+            [json.dumps(readers, ensure_ascii=False), json.dumps(todo, ensure_ascii=False), subject_id]):
         blocks.setdefault(term, []).append((reader, first, rowids, tfdl))
     if not blocks:
         return lists
