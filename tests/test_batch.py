@@ -134,3 +134,24 @@ def test_private_batch_items_stay_private_to_their_writer(api):
     task = "release gate number 0 passed"
     assert [i["claim"] for i in api.compile(alice, task).json()["data"]["items"]] == [task]
     assert api.compile(bob, task).json()["data"]["items"] == []
+
+
+def test_a_consolidation_citing_many_observations_of_one_batch_reads_that_entry_once(api, monkeypatch):
+    from core.ledger import Ledger
+    key = api.key()
+    stored = api.post("/v1/observations/batch", {"items": [item(i) for i in range(60)]}, key).json()["data"]
+    ids = [x["data"]["observation_id"] for x in stored["results"]]
+    reads = []
+    real_read = Ledger.read
+
+    def counting_read(self, org_id, entry_hex, *args, **kwargs):
+        reads.append(entry_hex)
+        return real_read(self, org_id, entry_hex, *args, **kwargs)
+
+    monkeypatch.setattr(Ledger, "read", counting_read)
+    claims = [{"statement": f"gate {i} holds", "kind": "procedural", "confidence": 0.8,
+               "sources": [{"observation_id": o, "relation": "supports"} for o in ids[i:i + 10]]}
+              for i in range(0, 50, 5)]
+    r = api.post("/v1/consolidations", {"subject_id": "user_rama", "claims": claims}, key)
+    assert r.status_code == 201, r.text
+    assert len(reads) == 1 == len(set(reads))

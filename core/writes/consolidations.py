@@ -61,11 +61,15 @@ class ConsolidationWrites(WriteDesk):
         # Every cited observation must exist and be readable: read from the
         # ledger itself, so evidence written a moment ago can be cited.
         cache: dict[str, dict] = {}
+        # one read and parse per ledger entry: a batch or an import entry holds
+        # many observations, and a consolidation citing fifty of them re-read
+        # and re-parsed the whole entry fifty times (1.8 s for one import entry)
+        entries: dict[str, dict[str, dict]] = {}
         claims = []
         for index, (path, fields, trust, visibility, workspace_id, sources) in enumerate(parsed, start=1):
             supporting = []
             for s in sources:
-                obs = cache.get(s["observation_id"]) or self._observation(principal, s["observation_id"])
+                obs = cache.get(s["observation_id"]) or self._observation(principal, s["observation_id"], entries)
                 cache[s["observation_id"]] = obs
                 if obs["subject_id"] != subject_id or obs.get("project_id") != project_id:
                     raise ValidationError(
@@ -101,15 +105,28 @@ class ConsolidationWrites(WriteDesk):
                                                   "claims": claims}, attempt, 201, result)
         return result
 
-    def _observation(self, principal: Principal, observation_id: str) -> dict:
+    def _observation(self, principal: Principal, observation_id: str, entries: dict[str, dict[str, dict]]) -> dict:
+        """The cited observation, read from the ledger; ``entries`` holds the
+        observations of every entry this request has read, by id."""
         hex_ = parse_id(observation_id, "obs")
-        entry = self.ledger.read(principal.org_id, entry_of(hex_)) if hex_ else None
         obs = None
-        if entry is not None and entry["type"] == "observation":
-            obs = entry["observation"]
-        elif entry is not None and entry["type"] == "batch":
-            obs = next((o for o in entry["observations"] if o["observation_id"] == observation_id), None)
+        if hex_:
+            entry_hex = entry_of(hex_)
+            if entry_hex not in entries:
+                entries[entry_hex] = _observations_of(self.ledger.read(principal.org_id, entry_hex))
+            obs = entries[entry_hex].get(observation_id)
         if obs is None or obs["observation_id"] != observation_id or not can_read(
                 principal, obs["visibility"], obs.get("workspace_id"), obs["owner_id"]):
             raise NotFound(f"observation {observation_id} not found")
         return obs
+
+
+def _observations_of(entry: dict | None) -> dict[str, dict]:
+    """An entry's observations by id (none for another type of entry)."""
+    if entry is None:
+        return {}
+    if entry["type"] == "observation":
+        return {entry["observation"]["observation_id"]: entry["observation"]}
+    if entry["type"] == "batch":
+        return {o["observation_id"]: o for o in entry["observations"]}
+    return {}
