@@ -187,13 +187,16 @@ class Catalog:
             self.views.put_all([(facts.claim_id, view)], 1)
         return view
 
-    def views_of(self, scope: CompileScope, picked: list[ClaimFacts]) -> list[ItemView]:
-        """The views of packed items (not disputed for this reader: those got
-        their view when priced), reading the rows still missing in one scoped
-        query."""
+    def views_of(self, scope: CompileScope, picked: list[ClaimFacts],
+                 disputed: list[bool] | None = None) -> list[ItemView]:
+        """The views of ``picked`` (``disputed``: each as this reader sees it,
+        else none disputed), reading the rows still missing in one scoped
+        query: a compile with many disputed candidates read them one query
+        each."""
         wanted = [f.rowid for f in picked if f.row is None and f.claim_id not in self.views]
         rows = {row[COL["rowid"]]: row for row in hydrate(self.snapshot, scope, wanted)} if wanted else {}
-        return [self.view(scope, f, False, rows.get(f.rowid)) for f in picked]
+        flags = disputed if disputed is not None else [False] * len(picked)
+        return [self.view(scope, f, d, rows.get(f.rowid)) for f, d in zip(picked, flags)]
 
 
 _CATALOGS: "weakref.WeakKeyDictionary[Snapshot, Catalog]" = weakref.WeakKeyDictionary()

@@ -154,13 +154,16 @@ class Compiler:
                     "budget": {"max_tokens": req.max_tokens, "used_tokens": 0},
                     "items": [], "conflicts": [],
                     "policy_snapshot": POLICY_SNAPSHOT, "instructions": INSTRUCTIONS}
-        views: dict[int, ItemView] = {}
+        # reader-dependent, or a conflict entry to price: the full view, all
+        # read in one query
+        full = [i for i, r in enumerate(ranked) if r.signals.prefix_tokens is None or r.conflict]
+        views: dict[int, ItemView] = dict(zip(full, catalog.views_of(
+            scope, [ranked[i].signals for i in full], [bool(ranked[i].conflict) for i in full]))) if full else {}
         candidates = []
         for i, r in enumerate(ranked):
             f = r.signals  # the ClaimFacts ranked
-            if f.prefix_tokens is None or r.conflict:
-                # reader-dependent, or a conflict entry to price: the full view
-                views[i] = view = catalog.view(scope, f, bool(r.conflict))
+            if i in views:
+                view = views[i]
                 candidates.append(PackCandidate(f.claim_id, f.kind, view.prefix_tokens, r, view.conflict_json,
                                                 view.conflict_tokens))
             else:
