@@ -6,6 +6,7 @@ local store and on a versioned S3 bucket (moto)."""
 
 import hashlib
 import json
+from collections import Counter
 import os
 import re
 import shutil
@@ -378,6 +379,35 @@ def test_erasing_a_subject_with_no_records_completes_with_zero_counts(world):
     done = status(world, asked["erasure_id"]).json()["data"]
     assert done["status"] == "complete"
     assert done["counts"] == {"observations": 0, "claims": 0, "context_runs": 0, "feedback": 0, "embeddings": 0}
+
+
+def test_many_erasures_carried_out_by_one_build_read_each_ledger_entry_and_the_listing_once(world, monkeypatch):
+    # 300 erasures of unknown subjects held a rebuild for two minutes: each
+    # re-listed the ledger and re-read every entry since the watermark,
+    # the other erasures' own entries among them
+    api, key, store = world["api"], world["key"], world["store"]
+    asked = [erase(world, f"/v1/subjects/ghost_{i}") for i in range(12)]
+    gets, listings = Counter(), Counter()
+    real_get, real_list = store.get, store.list_keys
+
+    def get(k, *args, **kwargs):
+        gets[k] += 1
+        return real_get(k, *args, **kwargs)
+
+    def list_keys(prefix, *args, **kwargs):
+        listings[prefix] += 1
+        return real_list(prefix, *args, **kwargs)
+
+    monkeypatch.setattr(store, "get", get)
+    monkeypatch.setattr(store, "list_keys", list_keys)
+    api.rebuild(key)
+    assert all(status(world, a["erasure_id"]).json()["data"]["status"] == "complete" for a in asked)
+    erasure_entries = [k for k in gets if "/ledger/" in k and k.rsplit("/", 1)[1].split(".")[0] in
+                       {a["erasure_id"][len("era_"):] for a in asked}]
+    assert len(erasure_entries) == 12
+    # read by the build that applies it, and once by the purge
+    assert max(gets[k] for k in erasure_entries) <= 2, {k: gets[k] for k in erasure_entries}
+    assert listings["orgs/acme/ledger/"] <= 3, listings
 
 
 # -- one observation ----------------------------------------------------------------

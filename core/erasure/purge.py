@@ -28,6 +28,7 @@ the ids each stub records (``TAKEN``).
 from __future__ import annotations
 
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -308,6 +309,16 @@ def _answer_without(answer: dict, erased_ids: set[str]) -> dict:
 
 
 PARALLEL = 16  # store round trips in flight: an erasure of many records is latency-bound on S3
+# Ledger entries read by one purge are kept for the next erasure of the same
+# build, up to this many bytes of their stored bodies: a build carrying out
+# N erasures read the entries of the other N - 1 (and listed the whole
+# ledger) once per erasure, so 300 erasures of unknown subjects held an
+# organization's rebuild for two minutes.
+READ_CACHE_BYTES = 64 * 1024 * 1024
+# entries that hold no record any erasure takes: once read, a purge passes
+# them by for its later erasures (an erasure's candidates hold the entries of
+# every erasure asked since the last generation)
+INERT_TYPES = frozenset({"erasure", "erasure_complete"})
 
 
 class LedgerPurge:
@@ -320,6 +331,16 @@ class LedgerPurge:
         self.progress = progress
         self.purged = Purged()
         self.known_keys: set[str] = set()
+        # every ledger key, listed once per purge: the erasures it carries
+        # out were all asked before it began, so a key of a record they name
+        # that lands later is a late write, which no listing made per
+        # erasure could promise to see either
+        self._listed: list[str] | None = None
+        self._cache: dict[str, tuple[str, str, dict] | None] = {}
+        self._moved: dict[str, str] = {}  # the key holding a moved entry's records → the key read
+        self._cached_bytes = 0
+        self._cache_lock = threading.Lock()  # reads and rewrites run on the pool's threads
+        self._inert: set[str] = set()  # keys of INERT_TYPES entries read so far
 
     def carry_out(self, target: Target, db: apsw.Connection | None) -> Purged:
         """What erasing ``target`` removed from the ledger. The store's
@@ -330,12 +351,15 @@ class LedgerPurge:
         self.trusts: dict[str, str | None] = {}
         with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
             self.pool = pool
-            read = list(pool.map(self._read, self._candidates(target, db)))
+            read = self._read_all([k for k in self._candidates(target, db) if k not in self._inert])
             writes, settled = [], []
             for found in read:
                 if found is None:
                     continue
                 key, etag, entry = found
+                if entry.get("type") in INERT_TYPES:
+                    self._inert.add(key)
+                    continue
                 new = rewrite(entry, target, self._trust_of)
                 if new is not None:
                     writes.append((key, etag, new))
@@ -366,6 +390,12 @@ class LedgerPurge:
 
     # -- where to look -----------------------------------------------------------
 
+    def _ledger_keys(self) -> list[str]:
+        """Every key of the organization's ledger (runs included), in key order."""
+        if self._listed is None:
+            self._listed = sorted(self.store.list_keys(ledger_prefix(self.org_id)))
+        return self._listed
+
     def _candidates(self, target: Target, db: apsw.Connection | None) -> list[str]:
         """Ledger keys that may hold what ``target`` erases, in key order."""
         prefix = ledger_prefix(self.org_id)
@@ -373,10 +403,10 @@ class LedgerPurge:
         self.known_keys = {entry_key(self.org_id, hex_) for hex_ in known or ()}
         if known is None:
             self.progress(f"{self.org_id}: erasure {target.erasure_id}: reading the whole ledger")
-            return [k for k in self.store.list_keys(prefix) if not k.endswith(RUN_SUFFIX)]
+            return [k for k in self._ledger_keys() if not k.endswith(RUN_SUFFIX)]
         watermark = read_meta(db, "watermark") or ""
-        start_after = prefix + uuid7_floor_hex(uuid7_ms(watermark) - self.skew_ms) if watermark else None
-        recent = [k for k in self.store.list_keys(prefix, start_after) if not k.endswith(RUN_SUFFIX)]
+        start_after = prefix + uuid7_floor_hex(uuid7_ms(watermark) - self.skew_ms) if watermark else ""
+        recent = [k for k in self._ledger_keys() if k > start_after and not k.endswith(RUN_SUFFIX)]
         return sorted(set(recent) | {entry_key(self.org_id, hex_) for hex_ in known})
 
     def _known_entries(self, target: Target, db: apsw.Connection) -> set[str] | None:
@@ -451,20 +481,54 @@ class LedgerPurge:
 
     def _read(self, key: str) -> tuple[str, str, dict] | None:
         """(key, ETag, entry) of a ledger key, through a moved stub to the key
-        holding the records; None when absent."""
+        holding the records; None when absent. Kept for the purge's next
+        erasure (``READ_CACHE_BYTES``) until this purge rewrites it; callers
+        never change the entry they get."""
+        with self._cache_lock:
+            if key in self._cache:
+                return self._cache[key]
+        found, size = self._read_store(key)
+        with self._cache_lock:
+            if found is not None and self._cached_bytes + size <= READ_CACHE_BYTES:
+                self._cache[key] = found
+                self._cached_bytes += size
+                if found[0] != key:
+                    self._moved[found[0]] = key
+        return found
+
+    def _read_all(self, keys: list[str]) -> list[tuple[str, str, dict] | None]:
+        """``_read`` of each key, in order: the store's reads on the pool, the
+        cache's here (a pool task per cached entry cost more than the read)."""
+        with self._cache_lock:
+            cached = {k: self._cache[k] for k in keys if k in self._cache}
+        missing = [k for k in keys if k not in cached]
+        fetched = dict(zip(missing, self.pool.map(self._read, missing)))
+        return [cached[k] if k in cached else fetched[k] for k in keys]
+
+    def _read_store(self, key: str) -> tuple[tuple[str, str, dict] | None, int]:
         try:
             obj = self.store.get(key)
         except ObjectNotFound:
-            return None
+            return None, 0
+        size = len(obj.body)
         entry = json.loads(obj.body)
         if entry.get("type") == MOVED:  # a late entry: its records live under the key it names
             key = key.replace(entry["entry_id"], entry["moved_to"])
             try:
                 obj = self.store.get(key)
             except ObjectNotFound:
-                return None
+                return None, 0
+            size += len(obj.body)
             entry = json.loads(obj.body)
-        return key, obj.etag, entry
+        return (key, obj.etag, entry), size
+
+    def _forget(self, key: str) -> None:
+        """Drop what the cache holds of ``key`` (read directly or through a moved stub)."""
+        with self._cache_lock:
+            self._cache.pop(key, None)
+            read_as = self._moved.pop(key, None)
+            if read_as is not None:
+                self._cache.pop(read_as, None)
 
     def _count(self, entry: dict, new: dict, target: Target) -> None:
         if new.get("type") == ERASED:
@@ -492,6 +556,7 @@ class LedgerPurge:
             self.purged.visible_feedback_entries += 1
 
     def _replace(self, key: str, etag: str, new: dict) -> None:
+        self._forget(key)
         body = encode(new)
         for _ in range(5):
             try:
@@ -513,11 +578,11 @@ class LedgerPurge:
         tag = subject_tag(self.org_id, target.subject_id) if target.subject_id else target.subject_tag
         if tag is None:
             return
-        keys = [k for k in self.store.list_keys(ledger_prefix(self.org_id))
+        keys = [k for k in self._ledger_keys()
                 if k.endswith(RUN_SUFFIX) and tag_of(entry_hex_of(k)) == tag
                 and entry_hex_of(k) < target.limit]
         feedback, writes, settled = [], [], []
-        for found in self.pool.map(self._read, keys):
+        for found in self._read_all(keys):
             if found is None:
                 continue
             key, etag, entry = found
