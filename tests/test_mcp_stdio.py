@@ -92,6 +92,22 @@ def test_stdio_answers_a_bad_line_with_a_parse_error_and_ignores_notifications(t
     assert answers[0]["error"]["code"] == -32700 and answers[1]["result"] == {}
 
 
+def test_the_embedded_server_answers_a_message_over_1_mib_under_its_own_id(tmp_path):
+    # it answered under a null id, and the SDK's stdio client waited forever
+    service = Service(Settings.from_env(data_dir=str(tmp_path / "d")))
+    key = service.keys.create("acme", "alice", ["memory:write"], [])["api_key"]
+    big = {"name": "titen_remember", "arguments": {"subject_id": "s", "content": "x" * (1 << 20)}}
+    lines = (json.dumps({"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": big}).encode() + b"\n"
+             + json.dumps({"jsonrpc": "2.0", "method": "tools/call", "params": big}).encode() + b"\n"
+             + b'{"jsonrpc": "2.0", "id": 9, "method": "ping"}\n')
+    proc = subprocess.run([TITEN, "mcp", "--data-dir", str(tmp_path / "d"), "--api-key", key], input=lines,
+                          capture_output=True, timeout=60, env={**os.environ, "TITEN_CACHE_DIR": str(tmp_path / "c")})
+    answers = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [a.get("id") for a in answers] == [8, 9]  # the notification is never answered
+    assert answers[0]["error"]["data"]["code"] == "PAYLOAD_TOO_LARGE"
+    assert not list(service.store.list_keys("orgs/acme/ledger/"))
+
+
 def test_the_relay_never_answers_a_notification_even_when_the_server_is_unreachable(tmp_path):
     # port 9 (discard) on localhost: nothing listens, the connection is refused
     lines = b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n' \

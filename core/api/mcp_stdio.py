@@ -56,6 +56,13 @@ def embedded(service, api_key: str) -> Answer:
         except RpcError as exc:
             error = rpc_error(message_id(message), exc.code, exc.message)
         except TitenError as exc:
+            if message is None and isinstance(exc, PayloadTooLarge):
+                # refused before it was parsed: parsed now for its id alone, so
+                # the client can match the answer (a null id left it waiting)
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    pass
             error = rpc_error(message_id(message), SERVER_ERROR, exc.message, {"code": exc.code})
         except Exception as exc:  # the store, or a bug: say so on stderr, answer an error
             print(f"titen mcp: {type(exc).__name__}: {exc}", file=sys.stderr)
