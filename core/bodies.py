@@ -134,13 +134,16 @@ class Flag:
 @dataclass(frozen=True)
 class Instant:
     description: str = "instant with Z or an offset, 1970-9999, e.g. 2026-07-30T12:00:00Z"
+    # the document's example: a field whose rule compares it with another
+    # (valid_to later than valid_from) has one a client may combine with it
+    example: str = "2026-07-30T12:00:00Z"
 
     def read(self, f, name: str, required: bool):
         return f.instant(name, required=required)
 
     def schema(self, nullable: bool) -> dict:
         return _nullable({"type": "string", "maxLength": 64, "pattern": SCHEMA_PATTERN,
-                          "description": self.description, "examples": ["2026-07-30T12:00:00Z"]}, nullable)
+                          "description": self.description, "examples": [self.example]}, nullable)
 
 
 @dataclass(frozen=True)
@@ -212,7 +215,8 @@ CLAIM = Record({
     "kind": Text(choices=CLAIM_KINDS),
     "confidence": Number(0.0, 1.0),
     "valid_from": Instant("start of validity (default: when the ledger accepted the claim)"),
-    "valid_to": Instant("end of validity, later than valid_from (default: open-ended)"),
+    "valid_to": Instant("end of validity, later than valid_from (default: open-ended)",
+                        example="2027-07-30T12:00:00Z"),
     "observer_id": identifier("who observed it, when not the writer"),
 }, ("statement", "kind", "confidence"))
 

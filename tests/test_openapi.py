@@ -87,6 +87,27 @@ def test_every_documented_example_is_valid_against_its_schema():
         jsonschema.Draft202012Validator(error).validate(example)
 
 
+def _objects(node):
+    if isinstance(node, dict):
+        if isinstance(node.get("properties"), dict):
+            yield node["properties"]
+        for value in node.values():
+            yield from _objects(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _objects(value)
+
+
+def test_a_validity_window_built_from_the_property_examples_is_one_the_service_accepts():
+    # schemathesis combined valid_from's and valid_to's examples, equal instants, into a 400
+    from core.instants import parse_instant
+    windows = [(p["valid_from"], p["valid_to"]) for p in _objects(document())
+               if "examples" in p.get("valid_from", {}) and "examples" in p.get("valid_to", {})]
+    assert windows
+    for start, end in windows:
+        assert parse_instant(end["examples"][0]) > parse_instant(start["examples"][0])
+
+
 def test_not_blank_is_exactly_what_str_strip_removes():
     assert set(PY_WHITESPACE) == {chr(c) for c in range(0x110000) if chr(c).isspace()}
     assert all(re.search(NOT_BLANK, ch) is None for ch in PY_WHITESPACE)
