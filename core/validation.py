@@ -77,7 +77,7 @@ def _parse(raw: bytes) -> tuple[Any, str]:
         raise ValidationError(f"request body is not well-formed UTF-8 (byte {exc.start})") from None
     _check_depth(text)
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
     except ValidationError:
         raise
     except (ValueError, RecursionError) as exc:
@@ -85,6 +85,18 @@ def _parse(raw: bytes) -> tuple[Any, str]:
         pos = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
         raise ValidationError(f"request body is not valid JSON: {msg}{pos}") from None
     return value, text
+
+
+# Python refuses to read an integer of more digits than this (a guard
+# against quadratic conversion); JSON itself allows any, so say why
+MAX_INT_DIGITS = 4300
+
+
+def _parse_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValidationError(f"request body holds an integer of {len(digits.lstrip('-'))} digits; "
+                              f"an integer in a body may have at most {MAX_INT_DIGITS}")
+    return int(digits)
 
 
 def _reject_constant(name: str):

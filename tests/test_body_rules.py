@@ -81,3 +81,15 @@ def test_a_long_unclosed_string_after_many_brackets_is_refused_in_one_pass():
         parse_json_value(("{" * 65 + '"' + '\\"' * 150_000).encode())
     with pytest.raises(ValidationError, match="not valid JSON"):
         parse_json_value(("[" * 10 + '{"a": "' + "[" * 70 + '\\"' * 150_000).encode())
+
+
+@pytest.mark.parametrize("digits", [4301, 5000])
+def test_an_integer_too_long_to_read_is_refused_as_such_not_as_invalid_json(digits):
+    with pytest.raises(ValidationError) as refused:
+        parse_json_value(b'{"max_tokens": ' + b"9" * digits + b"}")
+    assert refused.value.message == (f"request body holds an integer of {digits} digits; "
+                                     "an integer in a body may have at most 4300")
+
+
+def test_an_integer_of_4300_digits_is_still_json():
+    assert parse_json_value(b"[-" + b"7" * 4300 + b"]")[0] == -int("7" * 4300)
