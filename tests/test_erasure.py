@@ -410,6 +410,34 @@ def test_many_erasures_carried_out_by_one_build_read_each_ledger_entry_and_the_l
     assert listings["orgs/acme/ledger/"] <= 3, listings
 
 
+def _ledger_text(store) -> bytes:
+    return b"\n".join(store.get(k).body for k in store.list_keys("orgs/acme/ledger/"))
+
+
+def test_a_purge_never_writes_an_entry_read_for_an_earlier_erasure_over_another_purges_rewrite(world):
+    # two builds of one organization may run at once (a direct invoke beside
+    # a queued rebuild; `titen erasures reapply` beside a build): one purge
+    # must not write back what another already took from an entry
+    from core.erasure import records
+    from core.erasure.purge import LedgerPurge
+    from core.erasure.work import target_of
+    store = world["store"]
+    for path in ("/v1/subjects/ghost", "/v1/subjects/subj_t", "/v1/subjects/subj_s"):
+        erase(world, path)
+    pending = sorted(records.pending(store, "acme"), key=lambda r: r["erasure_id"])
+    assert len(pending) == 3
+    assert S_MARKS[3].encode() in _ledger_text(store)
+    slow = LedgerPurge(store, "acme", 0, lambda m: None)
+    ghost, t, _ = [target_of(r) for r in pending]
+    slow.carry_out(ghost, None)  # reads the import batch S and T share, takes nothing from it
+    fast = LedgerPurge(store, "acme", 0, lambda m: None)
+    for target in [target_of(r) for r in pending]:  # the other build carries all three out
+        fast.carry_out(target, None)
+    assert S_MARKS[3].encode() not in _ledger_text(store)
+    slow.carry_out(t, None)  # its build listed its erasures before S's was asked
+    assert S_MARKS[3].encode() not in _ledger_text(store)
+
+
 # -- one observation ----------------------------------------------------------------
 
 def test_erasing_an_observation_keeps_a_claim_it_does_not_alone_support(world):

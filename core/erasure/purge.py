@@ -339,6 +339,7 @@ class LedgerPurge:
         self._cache: dict[str, tuple[str, str, dict] | None] = {}
         self._moved: dict[str, str] = {}  # the key holding a moved entry's records → the key read
         self._cached_bytes = 0
+        self._sizes: dict[str, int] = {}
         self._cache_lock = threading.Lock()  # reads and rewrites run on the pool's threads
         self._inert: set[str] = set()  # keys of INERT_TYPES entries read so far
 
@@ -367,7 +368,8 @@ class LedgerPurge:
                 elif self._settled(key, entry, target):
                     self._count_earlier(entry, target)
                     settled.append(key)
-            list(pool.map(lambda w: self._replace(*w), writes))
+            redo = lambda current: rewrite(current, target, self._trust_of)  # noqa: E731
+            list(pool.map(lambda w: self._replace(*w, redo), writes))
             # an entry this erasure already rewrote, in a build that failed
             # before its older versions went: they go now
             list(pool.map(self.store.purge_history, settled))
@@ -491,6 +493,7 @@ class LedgerPurge:
         with self._cache_lock:
             if found is not None and self._cached_bytes + size <= READ_CACHE_BYTES:
                 self._cache[key] = found
+                self._sizes[key] = size
                 self._cached_bytes += size
                 if found[0] != key:
                     self._moved[found[0]] = key
@@ -525,10 +528,10 @@ class LedgerPurge:
     def _forget(self, key: str) -> None:
         """Drop what the cache holds of ``key`` (read directly or through a moved stub)."""
         with self._cache_lock:
-            self._cache.pop(key, None)
             read_as = self._moved.pop(key, None)
-            if read_as is not None:
-                self._cache.pop(read_as, None)
+            for cached in (key, read_as):
+                if cached is not None and self._cache.pop(cached, None) is not None:
+                    self._cached_bytes -= self._sizes.pop(cached, 0)
 
     def _count(self, entry: dict, new: dict, target: Target) -> None:
         if new.get("type") == ERASED:
@@ -555,7 +558,12 @@ class LedgerPurge:
         if target.reader is not None and entry.get("actor") == target.reader:
             self.purged.visible_feedback_entries += 1
 
-    def _replace(self, key: str, etag: str, new: dict) -> None:
+    def _replace(self, key: str, etag: str, new: dict, redo: Callable[[dict], dict | None]) -> None:
+        """Write ``new`` over the entry read with ``etag``. If another purge
+        changed it since (two builds of one organization may run at once),
+        ``redo`` computes this erasure's rewrite of what is there now: the
+        rewrite of the copy read earlier would put back what the other
+        purge took. ``redo`` answering None: nothing is left to take."""
         self._forget(key)
         body = encode(new)
         for _ in range(5):
@@ -566,7 +574,10 @@ class LedgerPurge:
                 current = self.store.get(key)
                 if current.body == body:
                     break
-                etag = current.etag
+                again = redo(json.loads(current.body))
+                if again is None:
+                    break
+                body, etag = encode(again), current.etag
         self.store.purge_history(key)
 
     def _purge_runs(self, target: Target) -> None:
@@ -609,7 +620,9 @@ class LedgerPurge:
             if target.takes_run(entry.get("context_id")):
                 writes.append((key, etag, stub_run(entry, target)))
                 self._count_feedback(entry, target)
-        list(self.pool.map(lambda w: self._replace(*w), writes))
+        # a run or feedback another purge stubbed meanwhile stays its stub
+        redo = lambda current: None if current.get("type") == ERASED else stub_run(current, target)  # noqa: E731
+        list(self.pool.map(lambda w: self._replace(*w, redo), writes))
         list(self.pool.map(self.store.purge_history, settled))
 
 
