@@ -314,7 +314,7 @@ PARALLEL = 16  # store round trips in flight: an erasure of many records is late
 # N erasures read the entries of the other N - 1 (and listed the whole
 # ledger) once per erasure, so 300 erasures of unknown subjects held an
 # organization's rebuild for two minutes.
-READ_CACHE_BYTES = 64 * 1024 * 1024
+READ_CACHE_BYTES = 16 * 1024 * 1024  # stored bytes; parsed, several times that in memory
 # entries that hold no record any erasure takes: once read, a purge passes
 # them by for its later erasures (an erasure's candidates hold the entries of
 # every erasure asked since the last generation)
