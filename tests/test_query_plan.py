@@ -261,37 +261,3 @@ def test_postings_statistics_are_read_by_key(tmp_path, snapshot):
                                  for line in lines), f"not a key lookup\nSQL: {sql}\nplan: {lines}"
     finally:
         db.close()
-
-
-# -- few or none in scope: the subject's in-scope claims read whole -------------------------
-
-SPARSE_SCOPES = {
-    "a-project-with-no-claims": lambda: CompileScope(SCOPES["organization"], "alice", "p_none",
-                                                     canonical(now_utc())),
-    "an-instant-before-every-claim": lambda: CompileScope(SCOPES["organization"], "alice", None,
-                                                          "1971-01-01T00:00:00.000000Z"),
-}
-
-
-@pytest.mark.parametrize("name", list(SPARSE_SCOPES))
-def test_when_few_matches_are_in_scope_the_candidates_are_still_exactly_the_fts5_querys(snapshot, name):
-    scope = SPARSE_SCOPES[name]()
-    where, params = scope.where()
-    for task in TASKS:
-        plan = plan_query(task)
-        assert lexical_candidates(snapshot, scope, plan) == fts_candidates(snapshot.db, where, params, plan.match) == []
-
-
-@pytest.mark.parametrize("name", list(SPARSE_SCOPES))
-def test_when_few_matches_are_in_scope_they_are_not_checked_one_batch_after_another(snapshot, name):
-    # a project with no claims made every match of a large subject be checked,
-    # in batches four times larger each (76 ms a compile at 50k claims)
-    scope = SPARSE_SCOPES[name]()
-    for task in TASKS:
-        plan = plan_query(task)
-        seen = _traced(snapshot.db, lambda: lexical_candidates(snapshot, scope, plan))
-        assert len(_statements(seen, r"c\.rowid IN carray")) <= 1, task
-        for sql, bindings in _statements(seen, r"INDEXED BY claims_scope"):
-            lines = _plan(snapshot.db, sql, bindings)
-            access = _claims_access(lines)
-            assert access and all(line.startswith("SEARCH c USING INDEX claims_scope") for line in access), lines

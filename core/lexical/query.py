@@ -101,16 +101,10 @@ class _Scope:
     def __init__(self, db: apsw.Connection, where: str, params: list):
         self.db = db
         self.sql = f"SELECT c.rowid, c.claim_id FROM claims c NOT INDEXED WHERE c.rowid IN carray(?) AND {where}"
-        # the subject's whole in-scope set, entered by its scope index
-        # (subject, status, project): as exact as the check, since it is the
-        # same predicate
-        self.all_sql = f"SELECT c.rowid, c.claim_id FROM claims c INDEXED BY claims_scope WHERE {where} LIMIT ?"
         self.params = params
         self.claim_id: dict[int, str] = {}   # in scope → claim_id
         self.checked: set[int] = set()
         self.out: set[int] = set()            # checked, not in scope
-        self.complete = False                 # claim_id holds every in-scope claim of the subject
-        self.tried_all = False
 
     def check(self, rowids) -> None:
         todo = [r for r in rowids if r not in self.checked]
@@ -118,24 +112,9 @@ class _Scope:
             return
         self.checked.update(todo)
         ids = self.claim_id
-        if not self.complete:
-            for rowid, claim_id in self.db.execute(self.sql, [apsw.carray(array("q", todo)), *self.params]):
-                ids[rowid] = claim_id
+        for rowid, claim_id in self.db.execute(self.sql, [apsw.carray(array("q", todo)), *self.params]):
+            ids[rowid] = claim_id
         self.out.update(r for r in todo if r not in ids)
-
-    def take_all_if_fewer(self, limit: int) -> None:
-        """Read the subject's in-scope claims whole when they are at most
-        ``limit``: then checking ``limit`` more matches one by one would cost
-        more. A project with no claims yet, or a subject whose claims are
-        mostly out of scope, made every match of a large subject be checked
-        (76 ms a compile at 50k for a project with none)."""
-        if self.complete or self.tried_all:
-            return
-        self.tried_all = True  # once: a subject with more in scope is checked match by match
-        rows = self.db.execute(self.all_sql, [*self.params, limit + 1]).fetchall()
-        if len(rows) <= limit:
-            self.claim_id.update(rows)
-            self.complete = True
 
 
 def _top_candidates(db: apsw.Connection, subject_id: str, readers, where: str, params: list,
@@ -197,16 +176,7 @@ def _top_candidates(db: apsw.Connection, subject_id: str, readers, where: str, p
         in_scope = [i for i, rowid in zip(top.tolist(), rowids) if rowid in ids]
         if len(in_scope) >= k or m == n:
             break
-        wider = min(n, m * 4)
-        if not scope.tried_all:
-            # too few in scope so far: the subject's in-scope claims may be
-            # fewer than the matches left to check, and then cheaper to read whole
-            scope.take_all_if_fewer(wider - m)
-            if scope.complete:
-                inside = np.flatnonzero(np.isin(docs, np.fromiter(ids, dtype=np.int64, count=len(ids))))
-                in_scope = inside[np.argsort(-scores[inside], kind="stable")].tolist()
-                break
-        m = wider
+        m = min(n, m * 4)
     if len(in_scope) >= k:
         # every row tying the k-th score competes on claim_id, as in ORDER BY
         cut = scores[in_scope[k - 1]]
