@@ -261,3 +261,22 @@ def test_postings_statistics_are_read_by_key(tmp_path, snapshot):
                                  for line in lines), f"not a key lookup\nSQL: {sql}\nplan: {lines}"
     finally:
         db.close()
+
+
+# -- few or none in scope ----------------------------------------------------------------
+
+SPARSE_SCOPES = {
+    "a-project-with-no-claims": lambda: CompileScope(SCOPES["organization"], "alice", "p_none",
+                                                     canonical(now_utc())),
+    "an-instant-before-every-claim": lambda: CompileScope(SCOPES["organization"], "alice", None,
+                                                          "1971-01-01T00:00:00.000000Z"),
+}
+
+
+@pytest.mark.parametrize("name", list(SPARSE_SCOPES))
+def test_when_no_match_is_in_scope_the_candidates_are_still_exactly_the_fts5_querys(snapshot, name):
+    scope = SPARSE_SCOPES[name]()
+    where, params = scope.where()
+    for task in TASKS:
+        plan = plan_query(task)
+        assert lexical_candidates(snapshot, scope, plan) == fts_candidates(snapshot.db, where, params, plan.match) == []
