@@ -42,6 +42,15 @@ ERASED = "erased"
 ERASED_RECORDS = "erased_records"
 
 
+def observations_in(entry: dict) -> list[dict]:
+    """The observations an entry holds: an observation entry's one, a
+    batch's (an import batch included), none for any other type."""
+    kind = entry.get("type")
+    if kind == "observation":
+        return [entry["observation"]]
+    return entry.get("observations", []) if kind == "batch" else []
+
+
 def encode(entry: dict) -> bytes:
     return json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode()
 

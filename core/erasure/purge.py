@@ -39,7 +39,7 @@ from core.domain import capped_trust
 from core.erasure.records import target_sha256
 from core.ids import entry_of, parse_id, subject_tag, tag_of, uuid7_floor_hex, uuid7_ms
 from core.layout import RUN_SUFFIX, claim_head_key, claim_heads_prefix, entry_hex_of, entry_key, ledger_prefix
-from core.ledger import ERASED, ERASED_RECORDS, MOVED, encode
+from core.ledger import ERASED, ERASED_RECORDS, MOVED, encode, observations_in
 from core.meta_table import read_meta
 from core.storage import ObjectNotFound, PreconditionFailed, Store
 
@@ -206,9 +206,7 @@ def recall(entry: dict, target: Target) -> None:
 def _held(entry: dict) -> set[str]:
     """The ids of the observations and claims an entry holds."""
     kind = entry.get("type")
-    observations = ([entry["observation"]] if kind == "observation"
-                    else entry.get("observations", []) if kind == "batch" else [])
-    ids = {o["observation_id"] for o in observations} | {c["claim_id"] for c in entry.get("claims", [])}
+    ids = {o["observation_id"] for o in observations_in(entry)} | {c["claim_id"] for c in entry.get("claims", [])}
     if kind == "transition":
         ids.add(entry["claim_id"])
         if entry.get("new_claim"):
@@ -476,10 +474,7 @@ class LedgerPurge:
         found = self._read(entry_key(self.org_id, entry_of(hex_))) if hex_ else None
         if found is None:
             return None
-        entry = found[2]
-        observations = ([entry["observation"]] if entry.get("type") == "observation"
-                        else entry.get("observations", []) if entry.get("type") == "batch" else [])
-        return next((o["trust"] for o in observations if o["observation_id"] == observation_id), None)
+        return next((o["trust"] for o in observations_in(found[2]) if o["observation_id"] == observation_id), None)
 
     def _read(self, key: str) -> tuple[str, str, dict] | None:
         """(key, ETag, entry) of a ledger key, through a moved stub to the key

@@ -27,7 +27,7 @@ from core.erasure import records
 from core.ids import entry_hex, entry_of, minted_at, parse_id, subject_tag
 from core.keys import Principal
 from core.layout import erasure_key
-from core.ledger import ERASED, Ledger
+from core.ledger import ERASED, Ledger, observations_in
 from core.scope import can_read
 from core.storage import Store
 
@@ -71,11 +71,8 @@ class ErasureDesk:
     def _readable_observation(self, principal: Principal, observation_id: str) -> dict:
         hex_ = parse_id(observation_id, "obs")
         entry = self.ledger.read(principal.org_id, entry_of(hex_)) if hex_ else None
-        found = None
-        if entry is not None and entry.get("type") == "observation":
-            found = entry["observation"]
-        elif entry is not None and entry.get("type") == "batch":
-            found = next((o for o in entry["observations"] if o["observation_id"] == observation_id), None)
+        found = next((o for o in observations_in(entry) if o["observation_id"] == observation_id),
+                     None) if entry is not None else None
         if (entry is None or entry.get("type") == ERASED or found is None
                 or found["observation_id"] != observation_id
                 or not can_read(principal, found["visibility"], found.get("workspace_id"), found["owner_id"])):

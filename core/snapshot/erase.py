@@ -34,6 +34,7 @@ import apsw
 
 from core.domain import TRUST_LEVELS, capped_trust
 from core.erasure.records import target_sha256
+from core.ledger import observations_in
 from core.lexical import LexicalChanges
 from core.scope import can_read, reader_tag
 
@@ -103,8 +104,7 @@ class Erasures:
     def enforce(self, entry: dict, touched: set[str], lexical: LexicalChanges) -> None:
         """An entry just applied holds a record an earlier-recorded erasure
         names (a late entry, a restored backup): erase again what it names."""
-        observations = ([entry["observation"]] if entry["type"] == "observation"
-                        else entry.get("observations", []) if entry["type"] == "batch" else [])
+        observations = observations_in(entry)
         claims = list(entry.get("claims", [])) + ([entry["new_claim"]] if entry.get("new_claim") else [])
         for erasure_id, target, sha in list(self.standing):
             limit = erasure_id[len("era_"):]

@@ -14,6 +14,7 @@ from core.domain import TRUST_LEVELS, VISIBILITY_RANK, narrowest_visibility, str
 from core.errors import NotFound, ValidationError, echo
 from core.ids import entry_of, minted_at, parse_id, record_hex
 from core.keys import Principal
+from core.ledger import observations_in
 from core.scope import can_read
 from core.validation import Fields
 from core.writes.desk import WriteDesk
@@ -113,20 +114,11 @@ class ConsolidationWrites(WriteDesk):
         if hex_:
             entry_hex = entry_of(hex_)
             if entry_hex not in entries:
-                entries[entry_hex] = _observations_of(self.ledger.read(principal.org_id, entry_hex))
+                entry = self.ledger.read(principal.org_id, entry_hex)
+                entries[entry_hex] = {o["observation_id"]: o for o in observations_in(entry)} if entry else {}
             obs = entries[entry_hex].get(observation_id)
         if obs is None or obs["observation_id"] != observation_id or not can_read(
                 principal, obs["visibility"], obs.get("workspace_id"), obs["owner_id"]):
             raise NotFound(f"observation {observation_id} not found")
         return obs
 
-
-def _observations_of(entry: dict | None) -> dict[str, dict]:
-    """An entry's observations by id (none for another type of entry)."""
-    if entry is None:
-        return {}
-    if entry["type"] == "observation":
-        return {entry["observation"]["observation_id"]: entry["observation"]}
-    if entry["type"] == "batch":
-        return {o["observation_id"]: o for o in entry["observations"]}
-    return {}
