@@ -180,6 +180,10 @@ def serve(service, *, host: str, port: int, workers: int, log_level: str) -> Non
                             port=port, workers=workers, log_level=log_level, access_log=log_level == "debug",
                             http=EnvelopeHttpToolsProtocol, **SERVER_SETTINGS)
     sock = config.bind_socket()
+    # listening from here, so a connection made once "listening" is printed
+    # waits in the backlog for the first server process rather than being
+    # refused while they start (about a second; uvicorn's workers listen later)
+    sock.listen(config.backlog)
     print(f"titen listening on http://{host}:{port} with {workers} server process"
           f"{'es' if workers != 1 else ''} (store {service.store.url})", file=sys.stderr)
     try:

@@ -339,3 +339,29 @@ def test_an_idle_server_drops_the_older_generation_when_the_bell_rings(supervise
     api.observe(key, claim={**STATEMENT, "statement": "The staging cluster runs Redis 7"})
     assert _wait(lambda: bell.value >= 2, 30)  # the supervisor's timer published
     assert _wait(lambda: not os.path.exists(old), 30)
+
+
+def test_a_connection_made_once_listening_is_printed_is_answered_not_refused(tmp_path):
+    # the workers listen only once started, about a second after the message:
+    # a client that went by it (a script, the README's curl) was refused
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+    from pathlib import Path
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    titen = str(Path(sys.executable).with_name("titen"))
+    proc = subprocess.Popen([titen, "serve", "--data-dir", str(tmp_path / "titen"), "--port", str(port)],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            env={**os.environ, "TITEN_CACHE_DIR": str(tmp_path / "cache")})
+    try:
+        for line in proc.stderr:
+            if line.startswith(b"titen listening"):
+                break
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=30) as answer:
+            assert answer.status == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
