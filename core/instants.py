@@ -39,9 +39,13 @@ SHAPE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}(:[0-9]{2}(
                    r"([Zz]|[+-]([01][0-9]|2[0-3])(:?[0-5][0-9])?)")
 # What the OpenAPI document says: the same shape with its fields' ranges and
 # the years 1970-9999 (the calendar, and an offset that moves an instant out
-# of range, are checked beyond it).
-SCHEMA_PATTERN = (r"^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3])"
-                  r":[0-5][0-9](:[0-5][0-9](\.[0-9]+)?)?([Zz]|[+-]([01][0-9]|2[0-3])(:?[0-5][0-9])?)$")
+# of range, are checked beyond it), and 1969-12-31 with a negative offset,
+# which can still fall in 1970 in UTC: the schema may allow what the
+# service refuses, never refuse what it accepts (docs/api.md §14).
+_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9](\.[0-9]+)?)?"
+_OFFSET = r"([01][0-9]|2[0-3])(:?[0-5][0-9])?"
+SCHEMA_PATTERN = (r"^((19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]" + _TIME
+                  + r"([Zz]|[+-]" + _OFFSET + r")|1969-12-31[Tt ]" + _TIME + "-" + _OFFSET + r")$")
 
 
 def parse_instant(value: str) -> datetime:

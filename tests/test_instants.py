@@ -125,3 +125,18 @@ def test_the_openapi_pattern_admits_only_what_the_validator_accepts(value):
     from core.instants import SCHEMA_PATTERN, parse_instant
     if re.search(SCHEMA_PATTERN, value):
         parse_instant(value)  # raises if the document promised what the service refuses
+
+
+# instants the service accepts at the edges of its range, offsets included:
+# 1969-12-31 with a negative offset is 1970 in UTC
+ACCEPTED_AT_THE_EDGES = ["1969-12-31T23:00:00-01:00", "1969-12-31 20:00-0400", "1969-12-31T01:00-23:00",
+                         "1970-01-01T00:00:00Z", "9999-12-31T23:59:59.999999Z", "9999-12-31T23:59+05:00"]
+
+
+@pytest.mark.parametrize("value", WELL_SHAPED + ACCEPTED_AT_THE_EDGES)
+def test_the_openapi_pattern_never_refuses_an_instant_the_service_accepts(value):
+    import re
+
+    from core.instants import SCHEMA_PATTERN, parse_instant
+    parse_instant(value)
+    assert re.search(SCHEMA_PATTERN, value), value
