@@ -54,15 +54,7 @@ if [ "$(cat "$OUT/deps.stamp" 2>/dev/null || true)" != "$want" ]; then
 fi
 
 # -- code (always fresh) ---------------------------------------------------------
-rm -rf "$OUT/app"
-mkdir -p "$OUT/app"
-for package in core handler; do
-  find "$package" -name "__pycache__" -prune -o -type f \( -name "*.py" -o -name "*.ndjson" \) -print |
-    while read -r file; do
-      mkdir -p "$OUT/app/$(dirname "$file")"
-      cp "$file" "$OUT/app/$file"
-    done
-done
+infra/stage-app.sh "$OUT/app"
 compile "$OUT/app"
 
 # -- sizes -----------------------------------------------------------------------
