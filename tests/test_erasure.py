@@ -362,6 +362,30 @@ def test_a_rollback_to_a_generation_from_before_the_erasure_is_refused(world):
         rollback(store, "acme", before)
 
 
+def test_a_replay_from_empty_after_a_completed_erasure_keeps_the_generations_built_since(world):
+    """Generations published after an erasure completed hold nothing it
+    erased: a replay from empty, which applies the erasure's entry again,
+    keeps them for rollback and leaves ``erased_through`` where it was (it
+    used to publish itself as the only generation)."""
+    api, key, store = world["api"], world["key"], world["store"]
+    asked = erase(world, "/v1/subjects/subj_s")
+    api.rebuild(key)
+    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
+    erased_through = read_pointer(store, "acme")[0]["erased_through"]
+    for i in range(2):
+        api.observe(key, subject_id="subj_t", content=f"Later T evidence {i}.")
+        api.rebuild(key)
+    since = [h["generation"] for h in read_pointer(store, "acme")[0]["history"]]
+    assert len(since) == 3
+    world["service"].rebuild("acme", from_scratch=True)
+    pointer = read_pointer(store, "acme")[0]
+    assert [h["generation"] for h in pointer["history"]] == [pointer["generation"], *since]
+    assert pointer["erased_through"] == erased_through and not pointer.get("erasures")
+    served = rollback(store, "acme", since[1])
+    assert served["serving"] == since[1]
+    assert read_pointer(store, "acme")[0]["rolled_back_to"] == since[1]
+
+
 def test_records_about_the_subject_written_after_the_erasure_are_kept(world):
     api, key = world["api"], world["key"]
     erase(world, "/v1/subjects/subj_s")

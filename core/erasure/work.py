@@ -118,6 +118,11 @@ class ErasureWork:
         purged = self.purged.get(erasure_id)
         return purged.taken() if purged is not None else {}
 
+    def carries(self, erasure_id: str) -> bool:
+        """Whether ``erasure_id`` is pending, so this build carries it out
+        (an erasure complete before it is only applied again by a replay)."""
+        return any(record["erasure_id"] == erasure_id for record, _ in self.targets)
+
     def completes(self, erased: dict[str, dict] | None) -> bool:
         """Whether ``complete(erased)`` would mark a pending erasure complete
         (a replay from empty lists every erasure it enforced again; only a

@@ -296,8 +296,15 @@ class SnapshotBuilder:
         if self.erasures.applied:
             self.progress(f"{self.org_id}: rewriting the file whole after erasures")
             db.execute("VACUUM")  # no free page keeps a deleted row
-            fields["erasures"] = {erasure_id: {**erased.as_counts(), "purged": self.erasure_work.taken(erasure_id)}
-                                  for erasure_id, erased in self.erasures.applied.items()}
+            # only the erasures this build carries out: a replay from empty
+            # applies every completed one again, and the generations published
+            # since hold nothing those erased, so they stay (publish deletes
+            # every other generation of a build that records erasures)
+            carried = {erasure_id: {**erased.as_counts(), "purged": self.erasure_work.taken(erasure_id)}
+                       for erasure_id, erased in self.erasures.applied.items()
+                       if self.erasure_work.carries(erasure_id)}
+            if carried:
+                fields["erasures"] = carried
         # the last ledger entry applied, and when the ledger was listed:
         # enough to tell, without the snapshot, whether anything is new
         fields.update(watermark=read_meta(db, "watermark") or "", ledger_listed_at=listed_at)
