@@ -196,12 +196,35 @@ def known_org(service, org: str) -> str:
     return org
 
 
+def _data_dir(value: str) -> str:
+    # an empty value (an unset shell variable) would quietly mean the default
+    # directory, and a key created there would never reach the real store
+    if not value.strip():
+        raise argparse.ArgumentTypeError("is empty (an unset variable?); name a directory")
+    return value
+
+
+def _store_url(value: str) -> str:
+    # "" or "file://" would be the current directory; "s3://" no bucket
+    if value.startswith("s3://"):
+        if not value[len("s3://"):].split("/", 1)[0]:
+            raise argparse.ArgumentTypeError(f"{value!r} names no bucket: s3://bucket/prefix")
+        return value
+    path = value[len("file://"):] if value.startswith("file://") else value
+    if not path.strip():
+        raise argparse.ArgumentTypeError(f"{value!r} names no store (an unset variable?): "
+                                         "file://DIR or s3://bucket/prefix")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="titen", description=" ".join(__doc__.split("\n\n")[0].split()))
     common = argparse.ArgumentParser(add_help=False)
     where = common.add_mutually_exclusive_group()
-    where.add_argument("--data-dir", help="embedded store directory (default $TITEN_DATA_DIR or ./.titen)")
-    where.add_argument("--store", help="store URL: file://DIR or s3://bucket/prefix (default $TITEN_STORE)")
+    where.add_argument("--data-dir", type=_data_dir,
+                       help="embedded store directory (default $TITEN_DATA_DIR or ./.titen)")
+    where.add_argument("--store", type=_store_url,
+                       help="store URL: file://DIR or s3://bucket/prefix (default $TITEN_STORE)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", parents=[common],

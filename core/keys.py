@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from core.domain import SCOPES
 from core.errors import Forbidden, NotFound, Unauthenticated, ValidationError
-from core.ids import new_id
+from core.ids import new_id, parse_id
 from core.instants import canonical, now_utc
 from core.ledger import Ledger
 from core.observe.request_line import note_organization
@@ -84,6 +84,12 @@ class KeyRing:
         return {"key_id": key_id, "api_key": api_key, "org_id": org_id, "principal_id": principal_id}
 
     def revoke(self, key_id: str) -> dict:
+        if _KEY_FORMAT.match(key_id.strip()):
+            # never echo it: an error line lands in shell history and logs
+            raise ValidationError("that is an API key, not a key_id: pass the key_id (key_…) printed when "
+                                  "the key was created; the API key itself is not shown again")
+        if parse_id(key_id, "key") is None:
+            raise NotFound(f"no key {key_id[:64]!r}: a key_id is key_ followed by 32 hex digits")
         try:
             pointer = json.loads(self.store.get(f"keys/by-id/{key_id}.json").body)
         except (ObjectNotFound, ValueError):

@@ -47,6 +47,23 @@ def test_keys_revoke_by_id(tmp_path, capsys):
     assert code == 2 and "no key" in err
 
 
+@pytest.mark.parametrize("key_id", ["../keys/x", "key_/../../orgs", "key_" + "0" * 31, "KEY_" + "0" * 32])
+def test_keys_revoke_of_a_malformed_key_id_is_a_refusal_not_a_store_error(tmp_path, capsys, key_id):
+    run(capsys, "keys", "create", "--org", "acme", "--principal", "rama", "--scopes", "admin",
+        "--data-dir", str(tmp_path))
+    code, out, err = run(capsys, "keys", "revoke", key_id, "--data-dir", str(tmp_path))
+    assert (code, out) == (2, "") and err.startswith("titen: no key ") and "key_ followed by 32 hex" in err
+
+
+def test_keys_revoke_given_the_api_key_itself_refuses_without_printing_it(tmp_path, capsys):
+    _, out, _ = run(capsys, "keys", "create", "--org", "acme", "--principal", "rama", "--scopes", "admin",
+                    "--json", "--data-dir", str(tmp_path))
+    api_key = json.loads(out)["api_key"]
+    code, out, err = run(capsys, "keys", "revoke", api_key, "--data-dir", str(tmp_path))
+    assert (code, out) == (2, "") and "not a key_id" in err
+    assert api_key not in err and api_key[len("titen_sk_"):][:12] not in err
+
+
 def _ndjson(path, n, bad_line=None):
     with open(path, "w") as f:
         for i in range(n):
@@ -134,6 +151,17 @@ def test_a_malformed_org_or_generation_is_refused_before_anything_is_written(tmp
         main(argv + ["--data-dir", str(data)])
     assert exited.value.code == 2 and "error: argument" in capsys.readouterr().err
     assert not data.exists()
+
+
+@pytest.mark.parametrize("where", [["--store", ""], ["--store", "file://"], ["--store", "s3://"],
+                                   ["--store", "s3:///prefix"], ["--data-dir", ""], ["--data-dir", " "]])
+def test_an_empty_store_or_data_dir_is_refused_not_read_as_the_current_directory(tmp_path, capsys, monkeypatch,
+                                                                                 where):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        main(["keys", "create", "--org", "acme", "--principal", "rama", "--scopes", "admin", *where])
+    assert exited.value.code == 2 and f"argument {where[0]}" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("argv", [["rebuild", "--org", "nobody"], ["snapshots", "list", "--org", "nobody"],
