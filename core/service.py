@@ -179,7 +179,8 @@ class Service:
         with a queued rebuild of the same organization: 409)."""
         import boto3
         from botocore.config import Config
-        from botocore.exceptions import ConnectionError as BotoConnectionError, HTTPClientError, ReadTimeoutError
+        from botocore.exceptions import (ClientError, ConnectionError as BotoConnectionError, HTTPClientError,
+                                         ReadTimeoutError)
 
         # one attempt: a retry after a read timeout would start a second rebuild
         client = boto3.client("lambda", config=Config(read_timeout=REMOTE_REBUILD_WAIT_SECONDS, connect_timeout=5,
@@ -195,6 +196,11 @@ class Service:
         except (BotoConnectionError, HTTPClientError):
             raise Unavailable("the rebuild function could not be reached, or its answer was lost; the rebuild "
                               "may still publish (GET /readyz); retry shortly") from None
+        except ClientError as exc:  # no such function, access denied: a deployment to fix, not a crash
+            code = exc.response.get("Error", {}).get("Code", "error")
+            raise Unavailable(f"the rebuild function could not be invoked ({code}): check the API function's "
+                              "TITEN_REBUILD_FUNCTION and its permission to invoke it; the scheduled rebuild "
+                              "still runs") from None
         summary = json.loads(response["Payload"].read() or b"{}")
         if response.get("FunctionError") or not summary.get("results"):
             raise Unavailable("the rebuild function failed; see its logs")

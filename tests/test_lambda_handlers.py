@@ -356,6 +356,28 @@ def test_admin_rebuild_on_lambda_invokes_the_rebuild_function(tmp_path, monkeypa
             service.rebuild("acme")
 
 
+@pytest.mark.parametrize("code,status", [("ResourceNotFoundException", 404), ("AccessDeniedException", 403)])
+def test_an_admin_rebuild_on_lambda_whose_function_cannot_be_invoked_is_unavailable_naming_why(
+        tmp_path, monkeypatch, code, status):
+    import boto3
+    from botocore.stub import Stubber
+
+    from core.config import Settings
+    from core.errors import Unavailable
+    from core.service import Service
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    lam = boto3.client("lambda", region_name="us-east-1")
+    stub = Stubber(lam)
+    stub.add_client_error("invoke", code, http_status_code=status)
+    monkeypatch.setattr(boto3, "client", lambda name, **kw: lam)
+    service = Service(Settings.from_env(data_dir=str(tmp_path), env={"TITEN_REBUILD_FUNCTION": "titen-rebuild"}))
+    with stub, pytest.raises(Unavailable, match=f"could not be invoked \\({code}\\)"):
+        service.rebuild("acme")
+
+
 def test_an_admin_rebuild_on_lambda_longer_than_the_api_may_wait_is_a_503_envelope(tmp_path, monkeypatch):
     """The API function times out at 29 s; a rebuild function still running
     by then must give the error envelope, not API Gateway's own 5xx: the
