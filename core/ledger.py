@@ -30,7 +30,26 @@ from typing import Iterator
 from core.ids import entry_hex as new_entry_hex
 from core.ids import minted_at, uuid7_ms
 from core.layout import ENTRY_SUFFIX, ORGANIZATIONS_PREFIX, entry_key, ledger_prefix, organization_key
-from core.storage import ObjectNotFound, PreconditionFailed, Store
+from core.storage import ObjectNotFound, PreconditionFailed, Store, StoreError
+
+class DamagedEntry(StoreError):
+    """A ledger object that is not a JSON object: a build cannot apply it and
+    will not skip it (the ledger is the only copy), so it stops, naming it."""
+
+
+def decode_entry(key: str, body: bytes) -> dict:
+    """The ledger entry stored at ``key``; ``DamagedEntry`` naming the key
+    when the bytes are not one."""
+    try:
+        entry = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DamagedEntry(f"ledger entry {key} is damaged ({exc}): restore it, e.g. from the bucket's "
+                           "previous version of the object, and run the rebuild again") from None
+    if not isinstance(entry, dict):
+        raise DamagedEntry(f"ledger entry {key} is damaged (not a JSON object): restore it, e.g. from the "
+                           "bucket's previous version of the object, and run the rebuild again")
+    return entry
+
 
 LATE_AFTER_SECONDS = 60  # well inside the rebuild's skew window (core/snapshot/build.py)
 MOVED = "moved"
@@ -111,9 +130,10 @@ class Ledger:
         """The entry at ``key``, following a moved stub (the rebuild reads
         stubs as they are: ``read_raw``)."""
         try:
-            entry = json.loads(self.store.get(key).body)
+            entry = decode_entry(key, self.store.get(key).body)
             if entry.get("type") == MOVED:
-                entry = json.loads(self.store.get(key.replace(entry["entry_id"], entry["moved_to"])).body)
+                moved = key.replace(entry["entry_id"], entry["moved_to"])
+                entry = decode_entry(moved, self.store.get(moved).body)
         except ObjectNotFound:
             if missing_ok:
                 return None
@@ -121,7 +141,7 @@ class Ledger:
         return entry
 
     def read_raw(self, key: str) -> dict:
-        return json.loads(self.store.get(key).body)
+        return decode_entry(key, self.store.get(key).body)
 
     def register_organization(self, org_id: str) -> None:
         """Record that an organization exists, so the rebuild can find it

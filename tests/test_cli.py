@@ -177,6 +177,18 @@ def test_an_unknown_org_is_refused_in_one_line_and_not_built(tmp_path, capsys, a
     assert not (tmp_path / "store" / "orgs" / "nobody").exists()
 
 
+def test_a_rebuild_over_a_damaged_ledger_entry_is_one_line_naming_it(tmp_path, capsys):
+    src = tmp_path / "in.ndjson"
+    _ndjson(src, 1)
+    data = tmp_path / "store"
+    run(capsys, "import", str(src), "--org", "acme", "--data-dir", str(data))
+    (entry,) = (data / "orgs" / "acme" / "ledger").iterdir()
+    entry.write_bytes(b"{broken")
+    code, out, err = run(capsys, "rebuild", "--org", "acme", "--data-dir", str(data))
+    assert (code, out) == (1, "") and "Traceback" not in err
+    assert err.splitlines()[-1].startswith(f"titen: store error: ledger entry orgs/acme/ledger/{entry.name} is damaged")
+
+
 @pytest.mark.parametrize("name", ["missing.ndjson", "."])
 def test_importing_a_file_that_cannot_be_read_is_one_line(tmp_path, capsys, name):
     code, out, err = run(capsys, "import", str(tmp_path / name), "--org", "acme", "--data-dir", str(tmp_path / "s"))

@@ -112,6 +112,21 @@ def _killed_rebuild(root, work):
                     before_publish=lambda: os.kill(os.getpid(), signal.SIGKILL)).rebuild()
 
 
+@pytest.mark.parametrize("body", [b"{broken", b"\xff\xfe", b"[1, 2]"])
+def test_a_damaged_ledger_entry_stops_the_build_naming_the_object(store, tmp_path, body):
+    from core.ledger import DamagedEntry
+    _write(store, "acme", "fact one")
+    _builder(store, tmp_path).rebuild()
+    _write(store, "acme", "fact two")
+    damaged = _write(store, "acme", "fact three")
+    key = entry_key("acme", damaged[len("claim_"):][:28] + "0000")
+    store.delete(key)
+    store.put_if_absent(key, body)
+    with pytest.raises(DamagedEntry, match=f"ledger entry {key} is damaged"):
+        _builder(store, tmp_path).rebuild()
+    assert read_pointer(store, "acme")[0]["generation"] == 1  # the published generation stands
+
+
 def test_a_rebuild_killed_midway_leaves_the_previous_generation_serving(store, tmp_path):
     import multiprocessing
     _write(store, "acme", "one")

@@ -39,7 +39,7 @@ from core.domain import capped_trust
 from core.erasure.records import target_sha256
 from core.ids import entry_of, parse_id, subject_tag, tag_of, uuid7_floor_hex, uuid7_ms
 from core.layout import RUN_SUFFIX, claim_head_key, claim_heads_prefix, entry_hex_of, entry_key, ledger_prefix
-from core.ledger import ERASED, ERASED_RECORDS, MOVED, encode, observations_in
+from core.ledger import ERASED, ERASED_RECORDS, MOVED, decode_entry, encode, observations_in
 from core.meta_table import read_meta
 from core.storage import ObjectNotFound, PreconditionFailed, Store
 
@@ -509,7 +509,7 @@ class LedgerPurge:
         except ObjectNotFound:
             return None, 0
         size = len(obj.body)
-        entry = json.loads(obj.body)
+        entry = decode_entry(key, obj.body)
         if entry.get("type") == MOVED:  # a late entry: its records live under the key it names
             key = key.replace(entry["entry_id"], entry["moved_to"])
             try:
@@ -517,7 +517,7 @@ class LedgerPurge:
             except ObjectNotFound:
                 return None, 0
             size += len(obj.body)
-            entry = json.loads(obj.body)
+            entry = decode_entry(key, obj.body)
         return (key, obj.etag, entry), size
 
     def _forget(self, key: str) -> None:
@@ -569,7 +569,7 @@ class LedgerPurge:
                 current = self.store.get(key)
                 if current.body == body:
                     break
-                again = redo(json.loads(current.body))
+                again = redo(decode_entry(key, current.body))
                 if again is None:
                     break
                 body, etag = encode(again), current.etag
