@@ -20,6 +20,8 @@ import pytest
 
 from core.config import Settings
 from core.errors import NotFound
+from core.ids import entry_hex
+from core.layout import entry_key
 from core.service import Service
 from core.snapshot.build import SnapshotBuilder
 from core.snapshot.pointer import read_pointer
@@ -188,6 +190,56 @@ def test_an_erasure_is_not_complete_while_a_running_build_holds_its_text(world, 
     api.rebuild(key)  # nothing new in the ledger: this build finishes the erasure
     assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
     assert found(world, S_MARKS) == []
+
+
+def test_an_erasure_left_pending_by_a_recovering_build_that_publishes_is_finished_by_a_later_one(
+        world, monkeypatch):
+    """A build that cannot finish an unfinished erasure (a running build
+    still holds its text) publishes its own writes all the same; the new
+    pointer still names the erasure, so the first build after the running
+    one ends completes it (the pointer used to forget it, leaving it
+    pending for good, its status object naming the subject)."""
+    api, key, store = world["api"], world["key"], world["store"]
+    monkeypatch.setattr(workfiles, "ERASURE_WAIT_SECONDS", 0.3)
+    running = _running_build_with(world)
+    asked = erase(world, "/v1/subjects/subj_s")
+    assert api.post("/v1/admin/rebuild", b"", key).status_code == 503
+    api.observe(key, subject_id="subj_t", content="A later T note.")
+    api.rebuild(key)  # cannot finish the erasure: publishes the write
+    pointer = read_pointer(store, "acme")[0]
+    assert asked["erasure_id"] in pointer["erasures"]
+    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "pending"
+    running.release()
+    api.observe(key, subject_id="subj_t", content="Another T note.")
+    api.rebuild(key)
+    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
+    assert found(world, S_MARKS + ["subj_s"]) == []
+
+
+def test_an_erasure_finished_by_recovery_is_not_carried_out_again_by_the_same_build(world, monkeypatch):
+    """The build that finishes an erasure left pending and then meets a late
+    entry it names erases that entry as a standing rule: it does not carry the
+    erasure out a second time (no second outcome, no generation deleted)."""
+    api, key, store = world["api"], world["key"], world["store"]
+    s_entry = next(store.get(k).body for k in store.list_keys("orgs/acme/ledger/")
+                   if not k.endswith(".run.json") and S_MARKS[0].encode() in store.get(k).body)
+    monkeypatch.setattr(workfiles, "ERASURE_WAIT_SECONDS", 0.3)
+    running = _running_build_with(world)
+    asked = erase(world, "/v1/subjects/subj_s")
+    assert api.post("/v1/admin/rebuild", b"", key).status_code == 503
+    running.release()
+    erased_in = read_pointer(store, "acme")[0]["generation"]
+    store.put_if_absent(entry_key("acme", entry_hex()), s_entry)  # a late entry holding S's records
+    world["service"].builder("acme").rebuild()  # finishes the erasure, then erases the late entry's records
+    pointer = read_pointer(store, "acme")[0]
+    assert [h["generation"] for h in pointer["history"]] == [pointer["generation"], erased_in]
+    assert pointer["erased_through"] == erased_in and not pointer.get("erasures")
+    outcomes = [json.loads(store.get(k).body) for k in store.list_keys("orgs/acme/ledger/")
+                if k.endswith(".run.json")]
+    assert [o["erasure_id"] for o in outcomes if o.get("type") == "erasure_complete"] == [asked["erasure_id"]]
+    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
+    # (the late ledger object itself is for `titen erasures reapply`: test_ledger_objects_restored_…)
+    assert api.compile(key, S_MARKS[1], subject_id="subj_s", at=AT).json()["data"]["items"] == []
 
 
 def test_an_erasure_waits_for_a_running_build_to_end_before_it_is_complete(world):

@@ -174,9 +174,12 @@ class ErasureWork:
         if still:
             # (only then: once complete, a later build's upload may be on its way)
             purge_older_generations(self.store, self.org_id, pointer)
-            before_complete()  # (the build's work files: core/snapshot/workfiles.py, ``drain``)
+            # pending until complete: if the wait fails, this build still
+            # carries them (core/snapshot/build.py names them again)
             self.targets = [(r, target_of(r)) for r in still]
+            before_complete()  # (the build's work files: core/snapshot/workfiles.py, ``drain``)
             self.complete(erased)
+            self.targets = []  # complete now: this build carries none of them out again
 
 
 def reapply(store: Store, org_id: str, progress: Callable[[str], None] = lambda message: None) -> dict:

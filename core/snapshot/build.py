@@ -151,6 +151,8 @@ class SnapshotBuilder:
                               + ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in self.housekeeping.items()))
         self.notes = []
         self.oldest_applied_ms = None
+        self.unfinished = {}  # erasures the published generation carried out that stay pending
+        self.carried_now = False  # this build carried a pending erasure out
         pointer, etag = read_pointer(self.store, self.org_id)
         os.makedirs(self.work_dir, exist_ok=True)
         if pointer is not None and pointer.get("erasures"):
@@ -162,6 +164,10 @@ class SnapshotBuilder:
                 self.erasure_work.recover(pointer, before_complete=lambda: self._drain_work_files(
                     pointer["generation"]))
             except (OSError, Unavailable) as exc:
+                # a generation this build publishes names them again, so the
+                # next build still knows to finish them
+                self.unfinished = {erasure_id: erased for erasure_id, erased in pointer["erasures"].items()
+                                   if self.erasure_work.carries(erasure_id)}
                 self.notes.append(f"an erasure published in generation {pointer['generation']} stays pending: "
                                   f"{exc}")
                 self.progress(f"{self.org_id}: {self.notes[-1]}")
@@ -213,9 +219,11 @@ class SnapshotBuilder:
                                               etag, fields, self.progress, self.before_publish)
             if published is None:
                 published = publish(self.store, self.org_id, work, size, generation, pointer, etag, fields,
-                                    self.progress, self.before_publish, only_generation=bool(erased))
+                                    self.progress, self.before_publish, only_generation=self.carried_now)
             self.kept.keep(work, generation, published.digests, size)
-            if self.erasure_work.completes(erased):
+            # (erasures only named again, ``unfinished``, wait for a later
+            # build: this one already waited for the running build in vain)
+            if self.carried_now and self.erasure_work.completes(erased):
                 # no work file of a killed or a running build keeps what was
                 # just erased: a failure here fails the build, and a later
                 # build completes it (``recover``)
@@ -302,9 +310,14 @@ class SnapshotBuilder:
             # every other generation of a build that records erasures)
             carried = {erasure_id: {**erased.as_counts(), "purged": self.erasure_work.taken(erasure_id)}
                        for erasure_id, erased in self.erasures.applied.items()
-                       if self.erasure_work.carries(erasure_id)}
+                       if self.erasure_work.carries(erasure_id) and erasure_id not in self.unfinished}
             if carried:
                 fields["erasures"] = carried
+                self.carried_now = True
+        if self.unfinished:
+            # still pending from the generation before: named again with what
+            # that generation recorded, so a later build finishes them
+            fields["erasures"] = {**self.unfinished, **fields.get("erasures", {})}
         # the last ledger entry applied, and when the ledger was listed:
         # enough to tell, without the snapshot, whether anything is new
         fields.update(watermark=read_meta(db, "watermark") or "", ledger_listed_at=listed_at)
