@@ -84,12 +84,13 @@ class KeyRing:
         return {"key_id": key_id, "api_key": api_key, "org_id": org_id, "principal_id": principal_id}
 
     def revoke(self, key_id: str) -> dict:
-        if _KEY_FORMAT.match(key_id.strip()):
-            # never echo it: an error line lands in shell history and logs
+        # a malformed value is never echoed: it may be (part of) an API key,
+        # and an error line lands in terminals and logs
+        if "titen_sk_" in key_id.lower():
             raise ValidationError("that is an API key, not a key_id: pass the key_id (key_…) printed when "
                                   "the key was created; the API key itself is not shown again")
         if parse_id(key_id, "key") is None:
-            raise NotFound(f"no key {key_id[:64]!r}: a key_id is key_ followed by 32 hex digits")
+            raise NotFound("no key with that id: a key_id is key_ followed by 32 hex digits")
         try:
             pointer = json.loads(self.store.get(f"keys/by-id/{key_id}.json").body)
         except (ObjectNotFound, ValueError):
