@@ -98,26 +98,29 @@ class Ledger:
         self.store_entry(org_id, entry_hex, body, suffix)
         return entry
 
-    def store_entry(self, org_id: str, entry_hex: str, body: bytes, suffix: str = ENTRY_SUFFIX) -> None:
+    def store_entry(self, org_id: str, entry_hex: str, body: bytes, suffix: str = ENTRY_SUFFIX) -> str:
         """Put-if-absent of one encoded entry under its id; ``PreconditionFailed``
         when the entry is stored already. A late id goes under a fresh key
-        behind a moved stub (module docstring)."""
+        behind a moved stub (module docstring). Returns the key the entry
+        itself was stored under."""
         key = entry_key(org_id, entry_hex, suffix)
         if time.time() * 1000 - uuid7_ms(entry_hex) < LATE_AFTER_SECONDS * 1000:
             self.store.put_if_absent(key, body)
-            return
+            return key
         try:
             self.store.get(key)
             raise PreconditionFailed(f"{key} already exists")
         except ObjectNotFound:
             pass
         fresh = new_entry_hex()
-        self.store.put_if_absent(entry_key(org_id, fresh, suffix), body)
+        stored_at = entry_key(org_id, fresh, suffix)
+        self.store.put_if_absent(stored_at, body)
         try:
             self.store.put_if_absent(key, encode({"entry_id": entry_hex, "type": MOVED, "org_id": org_id,
                                                   "moved_to": fresh}))
         except PreconditionFailed:
             pass  # stored meanwhile by its first writer: the same records twice, applied once
+        return stored_at
 
     def read(self, org_id: str, entry_hex: str, suffix: str = ENTRY_SUFFIX) -> dict | None:
         """The entry with this id (following a moved stub), or None."""

@@ -61,19 +61,21 @@ class ErasureWork:
         self.progress = progress
         self.targets: list[tuple[dict, Target]] = []
         self.purged: dict[str, Purged] = {}  # erasure id -> what its ledger purge removed
+        self.stored_at: dict[str, str] = {}  # erasure id -> key ``pending`` just stored its entry under
 
     def pending(self) -> list[dict]:
         """The organization's pending erasures, each with its ledger entry
         stored (an interrupted request may have stored only its status)."""
         pending = records.pending(self.store, self.org_id)
         ledger = Ledger(self.store)
+        self.stored_at = {}
         for record in pending:
             hex_ = record["erasure_id"][len("era_"):]
             entry = {"entry_id": hex_, "type": "erasure", "org_id": self.org_id, "actor": record["requested_by"],
                      "recorded_at": record["requested_at"], "erasure_id": record["erasure_id"],
                      "target": record["target"], "target_sha256": record["target_sha256"]}
             try:
-                ledger.store_entry(self.org_id, hex_, encode(entry))
+                self.stored_at[record["erasure_id"]] = ledger.store_entry(self.org_id, hex_, encode(entry))
             except PreconditionFailed:
                 pass  # stored with the request, as it should be
         self.targets = [(r, target_of(r)) for r in pending]
@@ -98,7 +100,11 @@ class ErasureWork:
         if not stranded:
             return []
         self.pending()
-        return [entry_key(self.org_id, r["erasure_id"][len("era_"):]) for r in stranded]
+        # where each entry landed: a request over a minute old is a late
+        # entry, stored under a fresh key behind a moved stub at its own,
+        # which the build would pass over (core/ledger.py)
+        return [self.stored_at.get(r["erasure_id"], entry_key(self.org_id, r["erasure_id"][len("era_"):]))
+                for r in stranded]
 
     def requesters(self) -> dict[str, Requester]:
         """By erasure id, who asked for each pending erasure."""
