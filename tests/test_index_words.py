@@ -123,6 +123,26 @@ def test_rule_zero_folds_what_is_invisible_or_another_encoding_of_the_same_word(
     assert index_text(text) == folded == task_text(text)
 
 
+# Khmer, Thai, Lao, Burmese and Tibetan put no space between words; where a
+# writer marks the boundaries, it is with a zero-width space, which there is a
+# space (anywhere else it is removed, as an invisible character inside a word)
+@pytest.mark.parametrize("text, words", [
+    ("\u179f\u1780\u1798\u17d2\u1798\u1797\u17b6\u1796\u200b\u1793\u17c1\u17c7",
+     "\u179f\u1780\u1798\u17d2\u1798\u1797\u17b6\u1796 \u1793\u17c1\u17c7"),            # Khmer
+    ("การ\u200bปรับ\u200bใช้\u200bวัน\u200bศุกร์", "การ ปรับ ใช้ วัน ศุกร์"),                       # Thai
+    ("ສະບາຍ\u200bດີ", "ສະບາຍ ດີ"),                                                              # Lao
+    ("မင်္ဂလာ\u200bပါ", "မင်္ဂလာ ပါ"),                                                            # Burmese
+    ("de\u200bploy", "deploy"),                                               # inside a Latin word
+])
+def test_a_zero_width_space_between_words_of_an_unspaced_script_separates_them(text, words):
+    assert index_text(text) == words == task_text(text)
+
+
+def test_a_khmer_claim_written_with_word_boundaries_is_found_by_one_of_its_words(api):
+    statement = "\u1780\u17b6\u179a\u200b\u178a\u17b6\u1780\u17cb\u200b\u1796\u1784\u17d2\u179a\u17b6\u1799"  # ការ​ដាក់​ពង្រាយ
+    found_alone(api, statement, "\u178a\u17b6\u1780\u17cb", "\u1790\u17d2\u1784\u17c3\u200b\u179f\u17bb\u1780\u17d2\u179a")
+
+
 def test_an_apostrophe_inside_a_cyrillic_word_is_removed_in_every_spelling():
     assert {index_text(w) for w in ("п'ятниця", "п’ятниця", "пʼятниця", "пятниця")} == {index_text("пятниця")}
     assert index_text("l'eau") == "l'eau"  # a Latin elision is split by the tokenizer, as before

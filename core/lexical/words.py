@@ -24,7 +24,10 @@ as any other claim moves them: BM25's average length is the organization's).
    the cost is that the few Turkish words told apart only by the dot merge).
    Hebrew vowel points and cantillation marks are removed: Hebrew is mostly
    written without them, and FTS5 folds none of them, so pointed ``שָׁלוֹם``
-   never met ``שלום``. Invisible characters (Unicode's default ignorables:
+   never met ``שלום``. A zero-width space next to a letter of Thai, Lao,
+   Tibetan, Burmese or Khmer is a space: those scripts put no space between
+   words, and it is how their writers mark where one ends (Khmer text
+   mostly does). Invisible characters (Unicode's default ignorables:
    soft hyphen, zero-width space, joiner and non-joiner, word joiner,
    variation selectors), which text copied from web pages and PDFs carries
    inside words, are removed, as search folding (NFKC_Casefold) removes them:
@@ -108,6 +111,10 @@ _TURKISH_I = str.maketrans({"\u0131": "i", "\u0130": "I"})
 # the nonspacing marks of the Hebrew block (points and cantillation); its
 # punctuation (maqaf, paseq, sof pasuq, nun hafukha) stays
 _HEBREW_POINT = re.compile("[\u0591-\u05bd\u05bf\u05c1\u05c2\u05c4\u05c5\u05c7]")
+# Thai, Lao, Tibetan, Myanmar, Khmer (and Khmer symbols): scripts written
+# without spaces, whose writers mark a word boundary with a zero-width space
+_UNSPACED = "\u0e00-\u0eff\u0f00-\u0fff\u1000-\u109f\u1780-\u17ff\u19e0-\u19ff"
+_UNSPACED_BOUNDARY = re.compile(f"(?<=[{_UNSPACED}])\u200b+|\u200b+(?=[{_UNSPACED}])")
 # Default_Ignorable_Code_Point (DerivedCoreProperties.txt)
 _IGNORABLE = re.compile("[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e"
                         "\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3"
@@ -115,7 +122,7 @@ _IGNORABLE = re.compile("[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180
 # marks with no letter or digit before them, and enclosing marks (Me)
 _STRAY_MARK = re.compile(f"(?<![^\\W_])(?<![{MARKS}])[{MARKS}]+|[\u0488\u0489\u1abe\u20dd-\u20e0\u20e2-\u20e4\ua670-\ua672]+")
 _CYRILLIC_APOSTROPHE = re.compile("(?<=[\u0400-\u052f])['\u2019\u02bc](?=[\u0400-\u052f])")
-WORDS_ID = ("words-5 nfkc turkish-i hebrew-points ignorables stray-marks cyrillic-apostrophe marks-in-words "
+WORDS_ID = ("words-6 nfkc unspaced-zwsp turkish-i hebrew-points ignorables stray-marks cyrillic-apostrophe marks-in-words "
             f"cjk-bigrams+unigrams snowball-russian,greek,arabic pystemmer-{Stemmer.version()}")
 
 
@@ -171,6 +178,8 @@ def _folded(text: str) -> str:
     """Rule 0."""
     if not unicodedata.is_normalized("NFKC", text):
         text = unicodedata.normalize("NFKC", text)
+    if "\u200b" in text and _UNSPACED_BOUNDARY.search(text):
+        text = _UNSPACED_BOUNDARY.sub(" ", text)
     if _IGNORABLE.search(text):
         text = _IGNORABLE.sub("", text)
     if "\u0131" in text or "\u0130" in text:
