@@ -12,12 +12,36 @@ snapshots are cached under ``TITEN_CACHE_DIR``, which defaults to
 ``/tmp/titen`` for an S3 store.
 """
 
+import json
+import logging
+
 from mangum import Mangum
 
 from core.config import Settings
 from core.api.app import create_app
+from core.ids import new_id
 from core.service import Service
+
+log = logging.getLogger("titen")
 
 service = Service(Settings.from_env())
 app = create_app(service)
-handler = Mangum(app, lifespan="off")
+asgi = Mangum(app, lifespan="off")
+
+
+def handler(event, context):
+    """Mangum; an event it cannot read (API Gateway never sends one, but a
+    hand-made ``sam local invoke`` event may: a body marked base64 that is
+    not, no method, another source's event) gets the 400 envelope instead of
+    an exception, which API Gateway would turn into its own bare 500."""
+    try:
+        return asgi(event, context)
+    except Exception as exc:  # the app's own errors are answered inside it: this is the event
+        request_id = new_id("req")
+        log.warning("unreadable event [%s]: %s: %s", request_id, type(exc).__name__, exc)
+        body = {"error": {"code": "VALIDATION_ERROR",
+                          "message": "not an API Gateway HTTP API event (payload format 2.0) this function can read"},
+                "meta": {"request_id": request_id}}
+        return {"statusCode": 400, "isBase64Encoded": False, "body": json.dumps(body, separators=(",", ":")),
+                "headers": {"content-type": "application/json", "x-request-id": request_id,
+                            "cache-control": "no-store"}}

@@ -127,6 +127,28 @@ def test_healthz_answers_through_mangum_with_a_request_id(lam):
     assert body["meta"]["request_id"].startswith("req_")
 
 
+def _unreadable(name, change):
+    evt = event(name, "titen_sk_" + "A" * 43)
+    change(evt)
+    return evt
+
+
+@pytest.mark.parametrize("evt", [
+    _unreadable("observation.json", lambda e: e.update(body="%%% not base64 %%%")),
+    _unreadable("observation.json", lambda e: e.update(headers=None)),
+    _unreadable("observation.json", lambda e: e["requestContext"]["http"].pop("method")),
+    json.loads((EVENTS / "schedule.json").read_text()),
+    json.loads((EVENTS / "sqs-rebuild.json").read_text()),
+], ids=["body-not-base64", "headers-null", "no-method", "schedule-event", "sqs-event"])
+def test_an_event_the_api_cannot_read_is_a_400_envelope_not_an_exception(lam, evt):
+    response = lam.api.handler(evt, LambdaContext())
+    assert response["statusCode"] == 400
+    body = json.loads(response["body"])
+    assert body["error"]["code"] == "VALIDATION_ERROR" and "HTTP API event" in body["error"]["message"]
+    assert response["headers"]["x-request-id"] == body["meta"]["request_id"]
+    assert list(lam.store.list_keys("orgs/")) == []
+
+
 def test_observation_event_is_accepted_with_its_claim_id(lam):
     status, body, _ = call(lam, "observation.json")
     assert status == 201, body
