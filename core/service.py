@@ -54,7 +54,8 @@ class Service:
         supervisor for every rebuild (``core.rebuild.host``); ``serves``
         False: the supervisor itself, which builds but serves nothing;
         ``bell``: the supervisor's publish counter this reader looks at per
-        request (core.serving sets the supervisor's ``on_publish`` to ring it)."""
+        request (core.serving sets the supervisor's ``on_publish`` to ring it; a builder calls it
+        before an erasure it carried out is marked complete)."""
         self.settings = settings
         self.metrics = Metrics.from_settings(settings)  # EMF on stdout when TITEN_METRICS=emf
         self.store = store or open_store(settings.store_url)
@@ -88,7 +89,7 @@ class Service:
         self.auto_rebuild = auto_rebuild
         self.rebuilds = rebuilds
         self.serves = serves
-        self.on_publish = None  # called with each generation this process publishes
+        self.on_publish = None  # called (no arguments) the moment this process publishes a generation
         self.rebuild_queue = None
         if settings.rebuild_queue_url and not auto_rebuild:
             from core.rebuild.queue import RebuildQueue
@@ -126,7 +127,9 @@ class Service:
     def builder(self, org_id: str, progress=None) -> SnapshotBuilder:
         return SnapshotBuilder(self.store, org_id, work_dir=os.path.join(self.settings.cache_dir, "build"),
                                skew_seconds=self.settings.skew_seconds, progress=progress,
-                               embedder=self.embedder, keep_bytes=self.settings.rebuild_keep_bytes)
+                               embedder=self.embedder, keep_bytes=self.settings.rebuild_keep_bytes,
+                               after_publish=self.on_publish, readers_ttl=self.settings.snapshot_ttl,
+                               reader_cache_dir=self.settings.cache_dir)
 
     def rebuild(self, org_id: str, *, from_scratch: bool = False, force: bool = False,
                 progress=None) -> RebuildResult:
@@ -222,8 +225,6 @@ class Service:
             except RebuildConflict:
                 if attempt:
                     raise Conflict("another rebuild of this organization published first; retry") from None
-        if result.published and self.on_publish is not None:
-            self.on_publish(result)
         return result
 
     def schedule_rebuild(self, org_id: str) -> int:

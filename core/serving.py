@@ -25,6 +25,7 @@ request at a time (``handler/``).
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import multiprocessing
@@ -35,8 +36,8 @@ import threading
 import time
 
 from core.config import Settings
+from core.snapshot.workfiles import SERVE_DIR_PREFIX, remove_dead_server_dirs
 
-SERVE_DIR_PREFIX = "serve-"
 BEGUN_LOCK = ".rebuilds-begun.lock"  # beside the servers' cache directories
 
 
@@ -62,7 +63,10 @@ class ServerApp:
         threading.Thread(target=_end_with, args=(os.getppid(),), name="titen-supervisor-watch",
                          daemon=True).start()
         cache_dir = os.path.join(self.settings.cache_dir, f"{SERVE_DIR_PREFIX}{os.getpid()}")
-        remove_stale_server_dirs(self.settings.cache_dir)
+        remove_dead_server_dirs(self.settings.cache_dir)
+        # gone with the server on a normal exit; after a kill, with the next
+        # server's start or the next erasure (core/snapshot/workfiles.py)
+        atexit.register(shutil.rmtree, cache_dir, True)
         settings = dataclasses.replace(self.settings, cache_dir=cache_dir)
         rebuilds = RebuildClient.connect(self.address, self.authkey, self.begun, self.written)
         service = Service(settings, rebuilds=rebuilds, bell=self.bell)
@@ -105,32 +109,6 @@ def follow_bell(reader, interval: float = BELL_CHECK_SECONDS) -> None:
                     logging.getLogger("titen").exception("refreshing %s after a publish failed", org_id)
 
 
-def remove_stale_server_dirs(cache_dir: str) -> None:
-    """Cache directories of server processes that are gone (a worker replaced,
-    an earlier run): their generations are never served again, and an
-    erased text must not stay in one."""
-    try:
-        names = os.listdir(cache_dir)
-    except FileNotFoundError:
-        return
-    for name in names:
-        pid = name[len(SERVE_DIR_PREFIX):]
-        if not (name.startswith(SERVE_DIR_PREFIX) and pid.isdigit()) or int(pid) == os.getpid():
-            continue
-        if not _alive(int(pid)):
-            shutil.rmtree(os.path.join(cache_dir, name), ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @dataclasses.dataclass
 class Shared:
     """The supervisor's counters in shared memory, handed to every server."""
@@ -154,7 +132,7 @@ def supervise(service) -> Shared:
     shared = Shared(bell=spawn.RawValue("Q", 0), begun=begun, written=spawn.RawValue("Q", 0))
     ringing = threading.Lock()  # rebuilds of two organizations may publish at once
 
-    def ring(result) -> None:
+    def ring() -> None:
         with ringing:
             shared.bell.value += 1
 
@@ -174,7 +152,7 @@ def serve(service, *, host: str, port: int, workers: int, log_level: str) -> Non
 
     shared = supervise(service)
     address, authkey = host_rebuilds(service)
-    remove_stale_server_dirs(service.settings.cache_dir)
+    remove_dead_server_dirs(service.settings.cache_dir)
     config = uvicorn.Config(ServerApp(service.settings, address, authkey, shared.bell, shared.begun,
                                       shared.written), factory=True, host=host,
                             port=port, workers=workers, log_level=log_level, access_log=log_level == "debug",

@@ -192,6 +192,86 @@ def test_an_erasure_is_not_complete_while_a_running_build_holds_its_text(world, 
     assert found(world, S_MARKS) == []
 
 
+class _Clock:
+    """The build's clock, moved only by its sleeps: what the build waits for is
+    what it asks to sleep, whatever this machine's speed."""
+
+    def __init__(self):
+        self.now, self.slept = 1000.0, []
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def _complete_at(world, monkeypatch, clock):
+    import core.erasure.work
+    marked = []
+    real = core.erasure.work.ErasureWork.complete
+
+    def complete(self, erased):
+        marked.append((clock.now, read_pointer(world["store"], "acme")[0]["generation"]))
+        return real(self, erased)
+    monkeypatch.setattr(core.erasure.work.ErasureWork, "complete", complete)
+    return marked
+
+
+def test_an_erasure_is_marked_complete_only_once_every_reader_has_had_its_ttl_to_see_the_generation(
+        world, monkeypatch):
+    """Readers that no bell reaches (Lambda instances; servers beside an
+    operator's ``titen rebuild``) check the pointer at most every TTL: the
+    build waits that long after its publish before it says complete, so no
+    reader answers from the erased generation after ``complete``."""
+    import core.snapshot.build
+    clock = _Clock()
+    monkeypatch.setattr(core.snapshot.build, "time", clock)
+    builder = world["service"].builder("acme")
+    builder.readers_ttl = 3.0
+    marked = _complete_at(world, monkeypatch, clock)
+    erase(world, "/v1/subjects/subj_s")
+    result = builder.rebuild()
+    assert clock.slept == [3.0]
+    assert marked == [(1003.0, result.generation)]  # after the wait, the erasure's generation published
+
+
+def test_an_erasure_in_titen_serve_rings_the_servers_bell_before_it_is_marked_complete(world, monkeypatch):
+    """``titen serve``'s supervisor rings its bell at the publish, and each
+    server checks the pointer at its next request once the bell has rung: no
+    wait, but the ring comes before ``complete``."""
+    import core.snapshot.build
+    clock = _Clock()
+    monkeypatch.setattr(core.snapshot.build, "time", clock)
+    asked = erase(world, "/v1/subjects/subj_s")
+    rung = []
+    builder = world["service"].builder("acme")
+    builder.readers_ttl = 5.0
+    builder.after_publish = lambda: rung.append(status(world, asked["erasure_id"]).json()["data"]["status"])
+    builder.rebuild()
+    assert rung == ["pending"] and clock.slept == []
+    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
+
+
+def test_an_erasure_removes_the_snapshot_caches_that_servers_gone_left_behind(world):
+    """A ``titen serve`` server killed (or stopped) leaves its cache directory
+    with a generation from before the erasure; the erasure removes it before
+    it is complete. A live server's directory stays: it swaps to the new
+    generation itself."""
+    import subprocess
+    cache = world["tmp"] / "cache"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    for pid in (gone, str(os.getpid())):
+        (cache / f"serve-{pid}").mkdir(parents=True)
+        shutil.copyfile(cache / "build" / "kept-acme.sqlite", cache / f"serve-{pid}" / "acme-000000000002-x.sqlite")
+    erase(world, "/v1/subjects/subj_s")
+    world["api"].rebuild(world["key"])
+    assert not (cache / f"serve-{gone}").exists()
+    assert (cache / f"serve-{os.getpid()}").exists()
+
+
 def test_an_erasure_left_pending_by_a_recovering_build_that_publishes_is_finished_by_a_later_one(
         world, monkeypatch):
     """A build that cannot finish an unfinished erasure (a running build

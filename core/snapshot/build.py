@@ -46,7 +46,7 @@ from core.budget.tokens import TOKENIZER_ID
 from core.errors import Unavailable
 from core.lexical.words import WORDS_ID
 from core.ids import uuid7_floor_hex, uuid7_ms
-from core.instants import canonical, now_utc
+from core.instants import canonical, now_utc, parse_instant
 from core.layout import RUN_SUFFIX, entry_hex_of, ledger_prefix
 from core.ledger import MOVED, Ledger
 from core.lexical import LexicalChanges, update_lexical_index
@@ -115,8 +115,19 @@ class SnapshotBuilder:
                  skew_seconds: int = DEFAULT_SKEW_SECONDS,
                  progress: Callable[[str], None] | None = None,
                  before_publish: Callable[[], None] | None = None,
-                 embedder=None, keep_bytes: int | None = None, delta_policy: DeltaPolicy | None = None):
+                 embedder=None, keep_bytes: int | None = None, delta_policy: DeltaPolicy | None = None,
+                 after_publish: Callable[[], None] | None = None, readers_ttl: float = 0.0,
+                 reader_cache_dir: str | None = None):
         self.store = store
+        # called the moment a generation is published, before an erasure it
+        # carried out is marked complete (``titen serve`` rings its servers'
+        # bell here); without it, readers learn of a generation only at their
+        # next pointer check, so an erasure is marked complete no sooner than
+        # ``readers_ttl`` seconds after the publish: by then every reader that
+        # answers a request has checked (docs/architecture.md §9)
+        self.after_publish = after_publish
+        self.readers_ttl = readers_ttl
+        self.reader_cache_dir = reader_cache_dir  # where dead servers' generations may lie (workfiles)
         self.embedder = embedder  # None: no vector index (and nothing vector-related imported)
         self.vector_stats = None  # core.vectors.index.SyncStats of the last build, when vectors are on
         self.org_id = org_id
@@ -161,8 +172,8 @@ class SnapshotBuilder:
             # erased may still be on this machine, leaves it pending for a
             # later build and goes on with its own work
             try:
-                self.erasure_work.recover(pointer, before_complete=lambda: self._drain_work_files(
-                    pointer["generation"]))
+                self.erasure_work.recover(pointer, before_complete=lambda: self._before_complete(
+                    pointer["generation"], published_at=pointer.get("published_at")))
             except (OSError, Unavailable) as exc:
                 # a generation this build publishes names them again, so the
                 # next build still knows to finish them
@@ -220,6 +231,9 @@ class SnapshotBuilder:
             if published is None:
                 published = publish(self.store, self.org_id, work, size, generation, pointer, etag, fields,
                                     self.progress, self.before_publish, only_generation=self.carried_now)
+            published_at = time.monotonic()
+            if self.after_publish is not None:
+                self.after_publish()
             self.kept.keep(work, generation, published.digests, size)
             # (erasures only named again, ``unfinished``, wait for a later
             # build: this one already waited for the running build in vain)
@@ -227,7 +241,7 @@ class SnapshotBuilder:
                 # no work file of a killed or a running build keeps what was
                 # just erased: a failure here fails the build, and a later
                 # build completes it (``recover``)
-                self._drain_work_files(generation, own=held)
+                self._before_complete(generation, own=held, since=published_at)
                 self.erasure_work.complete(erased)
             return RebuildResult(self.org_id, generation, True, applied, fields["content_hash"],
                                  fields["claim_count"], size, time.monotonic() - started, published.key,
@@ -241,12 +255,29 @@ class SnapshotBuilder:
         if removed:
             self.progress(f"{self.org_id}: removed {removed} work files left by a build that did not finish")
 
-    def _drain_work_files(self, generation: int, own: WorkFile | None = None) -> None:
-        """Before an erasure carried out by ``generation`` is marked complete
-        (core/snapshot/workfiles.py, ``drain``)."""
+    def _before_complete(self, generation: int, own: WorkFile | None = None, since: float | None = None,
+                         published_at: str | None = None) -> None:
+        """Before an erasure carried out by ``generation`` is marked complete:
+        no work file of a dead or running build and no dead server's cache
+        holds a generation from before it (core/snapshot/workfiles.py), and
+        every reader has had its chance to see it (``readers_ttl``), counted
+        from ``since`` (this process's clock) or ``published_at`` (the
+        pointer's, for a generation an earlier build published)."""
         removed = workfiles.drain(self.work_dir, self.org_id, generation, own=own, progress=self.progress)
         if removed:
             self.progress(f"{self.org_id}: removed {removed} work files left by a build that did not finish")
+        if self.reader_cache_dir is not None and workfiles.remove_dead_server_dirs(self.reader_cache_dir):
+            self.progress(f"{self.org_id}: removed the snapshot caches of servers that are gone")
+        if self.after_publish is None and self.readers_ttl > 0:
+            if since is not None:
+                left = self.readers_ttl - (time.monotonic() - since)
+            else:
+                age = (now_utc() - parse_instant(published_at)).total_seconds() if published_at else 0.0
+                left = self.readers_ttl - age
+            if left > 0:
+                self.progress(f"{self.org_id}: waiting {left:.1f} s for readers to load generation {generation} "
+                              "before the erasure is marked complete")
+                time.sleep(left)
 
     def _build(self, db: apsw.Connection, pointer: dict | None, from_scratch: bool,
                force: bool) -> tuple[int, int, dict] | None:

@@ -35,6 +35,13 @@ The rules:
   removed, never hold an erasure up. Past the wait the build fails and the
   erasure stays pending: the next build finishes it.
 
+``titen serve``'s server processes keep their generations in
+``<cache>/serve-<pid>`` (core/serving.py); a server gone (killed, replaced,
+the run stopped) leaves its directory, and with it a generation from
+before an erasure, behind. ``remove_dead_server_dirs`` removes those of
+processes no longer alive: at a server's start, and before an erasure is
+marked complete.
+
 An ``flock`` belongs to an open file, not to a process: two builds in one
 process (two organizations on two threads) exclude each other like two
 processes do. The lock file is a file of its own because closing any
@@ -48,6 +55,7 @@ import fcntl
 import os
 import re
 import secrets
+import shutil
 import time
 from typing import Callable
 
@@ -188,3 +196,35 @@ def _sweep(work_dir: str, only: re.Pattern | None = None) -> tuple[int, list[str
             if fd is not None:
                 os.close(fd)
     return removed, live
+
+
+SERVE_DIR_PREFIX = "serve-"
+
+
+def remove_dead_server_dirs(cache_dir: str) -> int:
+    """Remove the cache directories (``serve-<pid>``) of server processes
+    that are gone: their generations are never served again, and an erased
+    text must not stay in one. How many went."""
+    try:
+        names = os.listdir(cache_dir)
+    except FileNotFoundError:
+        return 0
+    removed = 0
+    for name in names:
+        pid = name[len(SERVE_DIR_PREFIX):]
+        if not (name.startswith(SERVE_DIR_PREFIX) and pid.isdigit()) or int(pid) == os.getpid():
+            continue
+        if not _alive(int(pid)):
+            shutil.rmtree(os.path.join(cache_dir, name), ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
