@@ -36,7 +36,7 @@ import threading
 import time
 
 from core.config import Settings
-from core.snapshot.workfiles import SERVE_DIR_PREFIX, remove_dead_server_dirs
+from core.snapshot.workfiles import SERVE_DIR_PREFIX, hold_server_dir, remove_dead_server_dirs
 
 BEGUN_LOCK = ".rebuilds-begun.lock"  # beside the servers' cache directories
 
@@ -62,10 +62,10 @@ class ServerApp:
 
         threading.Thread(target=_end_with, args=(os.getppid(),), name="titen-supervisor-watch",
                          daemon=True).start()
-        cache_dir = os.path.join(self.settings.cache_dir, f"{SERVE_DIR_PREFIX}{os.getpid()}")
+        cache_dir = hold_server_dir(self.settings.cache_dir)
         remove_dead_server_dirs(self.settings.cache_dir)
-        # gone with the server on a normal exit; after a kill, with the next
-        # server's start or the next erasure (core/snapshot/workfiles.py)
+        # gone with the server when it exits through Python's exit; otherwise
+        # (SIGTERM, a kill) with the next server's start or the next erasure
         atexit.register(shutil.rmtree, cache_dir, True)
         settings = dataclasses.replace(self.settings, cache_dir=cache_dir)
         rebuilds = RebuildClient.connect(self.address, self.authkey, self.begun, self.written)

@@ -254,22 +254,103 @@ def test_an_erasure_in_titen_serve_rings_the_servers_bell_before_it_is_marked_co
     assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
 
 
+HOLD_LOCK = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
 def test_an_erasure_removes_the_snapshot_caches_that_servers_gone_left_behind(world):
-    """A ``titen serve`` server killed (or stopped) leaves its cache directory
-    with a generation from before the erasure; the erasure removes it before
-    it is complete. A live server's directory stays: it swaps to the new
-    generation itself."""
+    """A ``titen serve`` server killed (or stopped by SIGTERM) leaves its cache
+    directory with a generation from before the erasure; the erasure removes
+    it before it is complete. A server is gone when the lock on its directory
+    is free — not when its pid is, which means nothing in another PID
+    namespace (a server in another container sharing the data directory)."""
     import subprocess
     cache = world["tmp"] / "cache"
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True).stdout.strip()
-    for pid in (gone, str(os.getpid())):
+    dead = [subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                           text=True, check=True).stdout.strip() for _ in range(3)]
+    for pid in dead:
         (cache / f"serve-{pid}").mkdir(parents=True)
         shutil.copyfile(cache / "build" / "kept-acme.sqlite", cache / f"serve-{pid}" / "acme-000000000002-x.sqlite")
-    erase(world, "/v1/subjects/subj_s")
+    (cache / f"serve-{dead[0]}.lock").touch()  # its server ended: nobody holds the lock
+    # dead[1]'s lock is held: a live server whose pid is another namespace's
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(cache / f"serve-{dead[1]}.lock")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        # dead[2]: no lock file (a release before the locks): its pid decides
+        erase(world, "/v1/subjects/subj_s")
+        world["api"].rebuild(world["key"])
+        assert not (cache / f"serve-{dead[0]}").exists() and not (cache / f"serve-{dead[0]}.lock").exists()
+        assert (cache / f"serve-{dead[1]}").exists()
+        assert not (cache / f"serve-{dead[2]}").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_dead_servers_cache_that_cannot_be_removed_leaves_the_erasure_pending(world, monkeypatch):
+    import subprocess
+    cache = world["tmp"] / "cache"
+    pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    (cache / f"serve-{pid}").mkdir(parents=True)
+    shutil.copyfile(cache / "build" / "kept-acme.sqlite", cache / f"serve-{pid}" / "acme-000000000002-x.sqlite")
+    monkeypatch.setattr(workfiles.shutil, "rmtree", lambda path, ignore_errors=False: None)  # e.g. read-only
+    asked = erase(world, "/v1/subjects/subj_s")
+    r = world["api"].post("/v1/admin/rebuild", b"", world["key"])
+    assert r.status_code == 503 and "could not be removed" in r.json()["error"]["message"]
+    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "pending"
+    monkeypatch.undo()
     world["api"].rebuild(world["key"])
-    assert not (cache / f"serve-{gone}").exists()
-    assert (cache / f"serve-{os.getpid()}").exists()
+    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
+    assert not (cache / f"serve-{pid}").exists()
+
+
+def test_titen_serve_rings_its_bell_when_it_finishes_an_erasure_another_process_published(world, monkeypatch):
+    """An operator's build published the erasure's generation and stopped
+    before marking it complete; the supervisor that finishes it rings its
+    servers' bell first (no bell rang for that publish)."""
+    monkeypatch.setattr(workfiles, "ERASURE_WAIT_SECONDS", 0.3)
+    running = _running_build_with(world)
+    asked = erase(world, "/v1/subjects/subj_s")
+    assert world["api"].post("/v1/admin/rebuild", b"", world["key"]).status_code == 503  # published, pending
+    running.release()
+    rung = []
+    builder = world["service"].builder("acme")
+    builder.after_publish = lambda: rung.append(status(world, asked["erasure_id"]).json()["data"]["status"])
+    builder.rebuild()
+    assert rung == ["pending"]
+    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
+
+
+def test_finishing_an_erasure_published_by_a_machine_whose_clock_runs_ahead_waits_one_ttl_at_most(
+        world, monkeypatch):
+    import json as _json
+
+    import core.snapshot.build
+    from core.layout import pointer_key
+    from core.snapshot.pointer import encode_pointer
+    monkeypatch.setattr(workfiles, "ERASURE_WAIT_SECONDS", 0.3)
+    running = _running_build_with(world)
+    asked = erase(world, "/v1/subjects/subj_s")
+    assert world["api"].post("/v1/admin/rebuild", b"", world["key"]).status_code == 503
+    running.release()
+    store = world["store"]
+    obj = store.get(pointer_key("acme"))
+    store.compare_and_swap(pointer_key("acme"), encode_pointer({**_json.loads(obj.body),
+                                                                "published_at": "2099-01-01T00:00:00Z"}), obj.etag)
+    clock = _Clock()
+    monkeypatch.setattr(core.snapshot.build, "time", clock)
+    builder = world["service"].builder("acme")
+    builder.readers_ttl = 2.0
+    builder.rebuild()
+    assert clock.slept == [2.0]
+    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
 
 
 def test_an_erasure_left_pending_by_a_recovering_build_that_publishes_is_finished_by_a_later_one(

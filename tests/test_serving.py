@@ -305,12 +305,14 @@ def test_a_killed_server_process_is_replaced_and_its_cache_directory_removed(tmp
     data = tmp_path / "titen"
     with Served(data, extra_args=["--workers", "2"]) as served:
         assert _wait(lambda: len(_servers(served.pid)) == 2)
-        assert _wait(lambda: len([n for n in os.listdir(data / "cache") if n.startswith(SERVE_DIR_PREFIX)]) == 2)
+        assert _wait(lambda: len([n for n in os.listdir(data / "cache")
+                                  if n.startswith(SERVE_DIR_PREFIX) and (data / "cache" / n).is_dir()]) == 2)
         victim = min(_servers(served.pid))
         os.kill(victim, signal.SIGKILL)
         assert _wait(lambda: len(_servers(served.pid)) == 2 and victim not in _servers(served.pid), 120), \
             served.log()[-3000:]
         assert _wait(lambda: not (data / "cache" / f"{SERVE_DIR_PREFIX}{victim}").exists())
+        assert not (data / "cache" / f"{SERVE_DIR_PREFIX}{victim}.lock").exists()
 
 
 def test_the_server_processes_end_when_the_supervisor_is_killed(tmp_path):

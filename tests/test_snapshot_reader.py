@@ -403,3 +403,42 @@ def test_after_the_bell_a_request_waits_for_the_refresh_in_flight_not_the_older_
     loader.join(30)
     request.join(30)
     assert answer["snapshot"].claim_count == 2
+
+
+def test_while_a_generation_an_erasure_came_after_loads_requests_wait_rather_than_answer_the_older(
+        store, tmp_path, monkeypatch):
+    """The erasure's build marks it complete one TTL after its publish; a
+    reader that began loading the new generation near the end of that TTL
+    must not answer concurrent requests from the erased one meanwhile."""
+    import json
+    import threading
+    import time
+
+    from core.layout import pointer_key
+    from core.snapshot.pointer import encode_pointer
+
+    observe(store, "The staging cluster runs Postgres 16")
+    publish(store, tmp_path)
+    reader = SnapshotReader(store, str(tmp_path / "cache"), ttl_seconds=0.2)
+    assert reader.current(ORG).claim_count == 1
+    observe(store, "The staging cluster runs Redis 7")
+    publish(store, tmp_path)
+    obj = store.get(pointer_key(ORG))
+    pointer = json.loads(obj.body)
+    store.compare_and_swap(pointer_key(ORG), encode_pointer({**pointer, "erased_through": pointer["generation"]}),
+                           obj.etag)  # as an erasure's publish writes it
+    time.sleep(0.25)  # the reader's check is due
+    fetching, release = _held_downloads(store, monkeypatch)
+    loader = threading.Thread(target=reader.check, args=(ORG,))
+    loader.start()
+    assert fetching.wait(30)
+    answer = {}
+    request = threading.Thread(target=lambda: answer.setdefault("answer", reader.check(ORG)))
+    request.start()
+    request.join(0.5)
+    assert request.is_alive()  # not answered from generation 1
+    release.set()
+    loader.join(30)
+    request.join(30)
+    snapshot, reason = answer["answer"]
+    assert reason is None and snapshot.claim_count == 2

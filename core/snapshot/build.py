@@ -266,18 +266,29 @@ class SnapshotBuilder:
         removed = workfiles.drain(self.work_dir, self.org_id, generation, own=own, progress=self.progress)
         if removed:
             self.progress(f"{self.org_id}: removed {removed} work files left by a build that did not finish")
-        if self.reader_cache_dir is not None and workfiles.remove_dead_server_dirs(self.reader_cache_dir):
-            self.progress(f"{self.org_id}: removed the snapshot caches of servers that are gone")
-        if self.after_publish is None and self.readers_ttl > 0:
+        if self.after_publish is not None:
+            if since is None:  # a generation another process published: no bell rang for it
+                self.after_publish()
+        elif self.readers_ttl > 0:
             if since is not None:
                 left = self.readers_ttl - (time.monotonic() - since)
             else:
+                # another machine's clock: never more than one TTL, whatever it says
                 age = (now_utc() - parse_instant(published_at)).total_seconds() if published_at else 0.0
-                left = self.readers_ttl - age
+                left = min(self.readers_ttl, self.readers_ttl - age)
             if left > 0:
                 self.progress(f"{self.org_id}: waiting {left:.1f} s for readers to load generation {generation} "
                               "before the erasure is marked complete")
                 time.sleep(left)
+        # after the wait: a server that died during it is swept too
+        if self.reader_cache_dir is not None:
+            gone, stuck = workfiles.remove_dead_server_dirs(self.reader_cache_dir)
+            if gone:
+                self.progress(f"{self.org_id}: removed the snapshot caches of {gone} servers that are gone")
+            if stuck:
+                raise Unavailable(f"{self.org_id}: the snapshot cache of a server that is gone could not be "
+                                  f"removed ({', '.join(stuck)}), so the erasure stays pending; the next "
+                                  "rebuild completes it")
 
     def _build(self, db: apsw.Connection, pointer: dict | None, from_scratch: bool,
                force: bool) -> tuple[int, int, dict] | None:

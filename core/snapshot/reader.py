@@ -83,6 +83,10 @@ class _OrgState:
     last_fallback: str | None = None  # why the deltas road was last left for the whole file
     failures: int = 0  # refreshes in a row the store failed (backoff: ``SnapshotReader.wait``)
     withdrawn: int | None = None  # a generation withdrawn because an erasure came after it
+    # reading the pointer, or loading a generation an erasure came after the
+    # served one: requests wait (on ``lock``) rather than answer from the
+    # served one, which the erasure may already have been marked complete for
+    holding: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def unavailable_reason(self) -> str | None:
@@ -157,8 +161,8 @@ class SnapshotReader:
         rung = self.bell.value if self.bell is not None else 0
         if rung != state.rung or time.monotonic() - state.checked_at >= self.ttl:
             self.refresh(org_id, rung=rung)
-        elif state.snapshot is None and state.published is not False:
-            with state.lock:  # a first load in another thread stamped checked_at: wait for it
+        elif state.holding or (state.snapshot is None and state.published is not False):
+            with state.lock:  # a first load, or one after an erasure, in another thread: wait for it
                 pass
         snapshot = state.snapshot
         return snapshot, (state.unavailable_reason() if snapshot is None else None)
@@ -212,11 +216,16 @@ class SnapshotReader:
         except BaseException:
             state.failures = failures_before + 1
             raise
+        finally:
+            state.holding = False  # (set by _refresh_now for the load it made)
         if state.last_error and not state.last_error.startswith("generation "):
             state.failures = failures_before + 1  # the store failed (a refusal is not retried anyway)
         return snapshot
 
     def _refresh_now(self, org_id: str, state: _OrgState, force: bool) -> Snapshot | None:
+        # until the pointer is read, nobody knows whether an erasure came
+        # after the served generation: requests wait for the read (short)
+        state.holding = state.snapshot is not None
         self._check_open_file(state, full=force)
         try:
             obj = self.store.get_if_changed(pointer_key(org_id), state.etag)
@@ -242,6 +251,8 @@ class SnapshotReader:
             state.last_error = f"loading the new generation failed: {type(exc).__name__}"
             note_refresh_failure()
             return state.snapshot
+        held = state.snapshot
+        state.holding = held is not None and int(pointer.get("erased_through") or 0) > held.generation
         try:
             snapshot, digests = self._load(org_id, state, pointer)
         except SnapshotRejected as exc:
@@ -379,6 +390,7 @@ class SnapshotReader:
 
     def _load(self, org_id: str, state: _OrgState, pointer: dict) -> tuple[Snapshot, PageDigests]:
         generation = int(pointer["generation"])
+        os.makedirs(self.cache_dir, exist_ok=True)  # (removed from under us: a sweep, an operator)
         self._make_room(org_id, state, generation, int(pointer.get("bytes", 0)))
         final = os.path.join(self.cache_dir, f"{org_id}-{generation:012d}-{secrets.token_hex(4)}.sqlite")
         tmp = final + ".part"

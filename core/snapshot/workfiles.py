@@ -199,25 +199,68 @@ def _sweep(work_dir: str, only: re.Pattern | None = None) -> tuple[int, list[str
 
 
 SERVE_DIR_PREFIX = "serve-"
+_held_server_locks: list[int] = []  # this process's server directory locks, held until it ends
 
 
-def remove_dead_server_dirs(cache_dir: str) -> int:
+def hold_server_dir(cache_dir: str) -> str:
+    """This server process's cache directory, ``<cache_dir>/serve-<pid>``,
+    under an ``flock`` on ``serve-<pid>.lock`` held until the process ends
+    (the kernel drops it however it ends). The lock comes first, so no
+    sweep ever finds the directory unlocked while its server lives; and a
+    lock, unlike a pid, means the same in every PID namespace and cannot be
+    reused by another process."""
+    os.makedirs(cache_dir, exist_ok=True)
+    name = f"{SERVE_DIR_PREFIX}{os.getpid()}"
+    fd = os.open(os.path.join(cache_dir, name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    _held_server_locks.append(fd)
+    path = os.path.join(cache_dir, name)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def remove_dead_server_dirs(cache_dir: str) -> tuple[int, list[str]]:
     """Remove the cache directories (``serve-<pid>``) of server processes
     that are gone: their generations are never served again, and an erased
-    text must not stay in one. How many went."""
+    text must not stay in one. A directory is a dead server's when its lock
+    can be taken (``hold_server_dir``); one without a lock file (a release
+    before the locks) when its pid is not alive here. Returns (how many
+    went, the paths that could not be removed)."""
     try:
         names = os.listdir(cache_dir)
     except FileNotFoundError:
-        return 0
-    removed = 0
+        return 0, []
+    removed, stuck = 0, []
     for name in names:
         pid = name[len(SERVE_DIR_PREFIX):]
-        if not (name.startswith(SERVE_DIR_PREFIX) and pid.isdigit()) or int(pid) == os.getpid():
+        path = os.path.join(cache_dir, name)
+        if not (name.startswith(SERVE_DIR_PREFIX) and pid.isdigit()) or int(pid) == os.getpid() \
+                or not os.path.isdir(path):
             continue
-        if not _alive(int(pid)):
-            shutil.rmtree(os.path.join(cache_dir, name), ignore_errors=True)
+        lock_path = path + ".lock"
+        try:
+            fd = os.open(lock_path, os.O_RDWR)
+        except FileNotFoundError:
+            if _alive(int(pid)):
+                continue
+            fd = None
+        try:
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # its server lives
+            shutil.rmtree(path, ignore_errors=True)
+            if os.path.exists(path):
+                stuck.append(path)
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock_path)
             removed += 1
-    return removed
+        finally:
+            if fd is not None:
+                os.close(fd)
+    return removed, stuck
 
 
 def _alive(pid: int) -> bool:
