@@ -30,13 +30,12 @@ import dataclasses
 import logging
 import multiprocessing
 import os
-import shutil
 import sys
 import threading
 import time
 
 from core.config import Settings
-from core.snapshot.workfiles import SERVE_DIR_PREFIX, hold_server_dir, remove_dead_server_dirs
+from core.snapshot.workfiles import hold_server_dir, release_server_dir, remove_dead_server_dirs
 
 BEGUN_LOCK = ".rebuilds-begun.lock"  # beside the servers' cache directories
 
@@ -66,7 +65,7 @@ class ServerApp:
         remove_dead_server_dirs(self.settings.cache_dir)
         # gone with the server when it exits through Python's exit; otherwise
         # (SIGTERM, a kill) with the next server's start or the next erasure
-        atexit.register(shutil.rmtree, cache_dir, True)
+        atexit.register(release_server_dir, cache_dir)
         settings = dataclasses.replace(self.settings, cache_dir=cache_dir)
         rebuilds = RebuildClient.connect(self.address, self.authkey, self.begun, self.written)
         service = Service(settings, rebuilds=rebuilds, bell=self.bell)

@@ -13,7 +13,8 @@ import pytest
 from bench.common import Served
 from core.config import Settings
 from core.rebuild.host import RebuildClient, host
-from core.serving import SERVE_DIR_PREFIX, supervise
+from core.serving import supervise
+from core.snapshot.workfiles import SERVE_DIR_PREFIX
 from core.service import Service
 from core.snapshot.reader import SnapshotReader
 from tests.conftest import Api

@@ -442,3 +442,39 @@ def test_while_a_generation_an_erasure_came_after_loads_requests_wait_rather_tha
     request.join(30)
     snapshot, reason = answer["answer"]
     assert reason is None and snapshot.claim_count == 2
+
+
+def test_a_slow_pointer_read_holds_other_requests_only_briefly(store, tmp_path, monkeypatch):
+    """A throttled store can hold one refresh's pointer read for seconds
+    (botocore's retries): other requests wait for it only briefly, then
+    answer from the generation held, as when the store cannot be read."""
+    import threading
+    import time
+
+    observe(store, "The staging cluster runs Postgres 16")
+    publish(store, tmp_path)
+    reader = SnapshotReader(store, str(tmp_path / "cache"), ttl_seconds=0.2)
+    assert reader.current(ORG).claim_count == 1
+    time.sleep(0.25)  # the reader's check is due
+    reading, release = threading.Event(), threading.Event()
+    get = store.get_if_changed
+
+    def slow(key, etag):
+        reading.set()
+        release.wait(30)
+        return get(key, etag)
+    monkeypatch.setattr(store, "get_if_changed", slow)
+    refresher = threading.Thread(target=reader.check, args=(ORG,))
+    refresher.start()
+    assert reading.wait(30)
+    answer = {}
+    request = threading.Thread(target=lambda: answer.setdefault("answer", reader.check(ORG)))
+    request.start()
+    request.join(10)
+    try:
+        assert not request.is_alive()  # answered while the read is still held
+        snapshot, reason = answer["answer"]
+        assert reason is None and snapshot.claim_count == 1
+    finally:
+        release.set()
+        refresher.join(30)

@@ -134,3 +134,60 @@ def test_a_build_that_carried_no_erasure_out_completes_none(tmp_path):
     work.targets = [({"erasure_id": "era_" + "1" * 32}, None)]
     assert not work.completes(None) and not work.completes({})
     assert work.completes({"era_" + "1" * 32: {}})
+
+
+# -- the cache directories of titen serve's server processes ---------------------
+
+_HOLD_LOCK = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_server_whose_pid_names_a_directory_another_live_server_holds_takes_another_name(tmp_path):
+    """The same pid in another PID namespace sharing the cache directory: the
+    server neither blocks on the other's lock nor shares its directory."""
+    import subprocess
+    import sys
+
+    from core.snapshot.workfiles import SERVE_DIR_PREFIX, hold_server_dir, remove_dead_server_dirs
+    taken = tmp_path / f"{SERVE_DIR_PREFIX}{os.getpid()}"
+    taken.mkdir()
+    other = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(taken) + ".lock"], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        mine = hold_server_dir(str(tmp_path))
+        assert mine != str(taken) and os.path.basename(mine).startswith(f"{SERVE_DIR_PREFIX}{os.getpid()}-")
+        assert remove_dead_server_dirs(str(tmp_path)) == (0, [])  # both live: neither is swept
+        assert taken.exists() and os.path.isdir(mine)
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_server_locks_the_lock_file_still_linked_at_its_path(tmp_path, monkeypatch):
+    """A sweep that removed a dead server of the same pid may unlink the lock
+    file a starting server has just opened: the server must hold the file
+    linked at the path, or the next sweep would find its directory unlocked."""
+    import fcntl
+
+    from core.snapshot import workfiles
+    real_flock = fcntl.flock
+    lock_path = tmp_path / f"{workfiles.SERVE_DIR_PREFIX}{os.getpid()}.lock"
+    lock_path.touch()
+    swept = []
+
+    def flock(fd, op):
+        if not swept:  # the sweeper, between our open and our lock
+            swept.append(True)
+            os.unlink(lock_path)
+        return real_flock(fd, op)
+    monkeypatch.setattr(workfiles.fcntl, "flock", flock)
+    path = workfiles.hold_server_dir(str(tmp_path))
+    monkeypatch.undo()
+    held = workfiles._held_server_locks[-1]
+    assert swept and os.stat(path + ".lock").st_ino == os.fstat(held).st_ino

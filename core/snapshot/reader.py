@@ -60,6 +60,9 @@ __all__ = ["DAMAGE_ERRORS", "Snapshot", "SnapshotReader", "SnapshotRejected", "S
 
 POINTER_READ_FAILED = "reading the snapshot pointer failed"
 MAX_BACKOFF_S = 60.0  # the longest wait between checks while the store keeps failing
+# what a request holds while a refresh reads the pointer (``_OrgState.holding``)
+READING, LOADING_ERASED = 1, 2
+POINTER_READ_WAIT_S = 0.25
 # a spare copy of the served file, never opened: the next deltas are applied
 # to it in place, so a copy of the whole file is not on the way to serving
 SHADOW = ".shadow"
@@ -83,10 +86,12 @@ class _OrgState:
     last_fallback: str | None = None  # why the deltas road was last left for the whole file
     failures: int = 0  # refreshes in a row the store failed (backoff: ``SnapshotReader.wait``)
     withdrawn: int | None = None  # a generation withdrawn because an erasure came after it
-    # reading the pointer, or loading a generation an erasure came after the
-    # served one: requests wait (on ``lock``) rather than answer from the
-    # served one, which the erasure may already have been marked complete for
-    holding: bool = False
+    # READING the pointer, or LOADING_ERASED a generation an erasure came
+    # after the served one: requests wait (on ``lock``) rather than answer
+    # from the served one, which the erasure may already be complete for —
+    # for the read at most POINTER_READ_WAIT_S (a slow or failing store is the
+    # documented gap), for the load until it ends
+    holding: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def unavailable_reason(self) -> str | None:
@@ -161,9 +166,20 @@ class SnapshotReader:
         rung = self.bell.value if self.bell is not None else 0
         if rung != state.rung or time.monotonic() - state.checked_at >= self.ttl:
             self.refresh(org_id, rung=rung)
-        elif state.holding or (state.snapshot is None and state.published is not False):
-            with state.lock:  # a first load, or one after an erasure, in another thread: wait for it
+        elif state.snapshot is None and state.published is not False:
+            with state.lock:  # a first load in another thread stamped checked_at: wait for it
                 pass
+        else:
+            while state.holding:
+                if state.holding == LOADING_ERASED:
+                    with state.lock:
+                        pass
+                    break
+                if state.lock.acquire(timeout=POINTER_READ_WAIT_S):
+                    state.lock.release()
+                    break
+                if state.holding != LOADING_ERASED:
+                    break  # the store is slow: serve what is held, as when it cannot be read
         snapshot = state.snapshot
         return snapshot, (state.unavailable_reason() if snapshot is None else None)
 
@@ -217,16 +233,16 @@ class SnapshotReader:
             state.failures = failures_before + 1
             raise
         finally:
-            state.holding = False  # (set by _refresh_now for the load it made)
+            state.holding = 0  # (set by _refresh_now for the read and the load it made)
         if state.last_error and not state.last_error.startswith("generation "):
             state.failures = failures_before + 1  # the store failed (a refusal is not retried anyway)
         return snapshot
 
     def _refresh_now(self, org_id: str, state: _OrgState, force: bool) -> Snapshot | None:
-        # until the pointer is read, nobody knows whether an erasure came
-        # after the served generation: requests wait for the read (short)
-        state.holding = state.snapshot is not None
         self._check_open_file(state, full=force)
+        # until the pointer is read, nobody knows whether an erasure came
+        # after the served generation: requests wait for the read (briefly)
+        state.holding = READING if state.snapshot is not None else 0
         try:
             obj = self.store.get_if_changed(pointer_key(org_id), state.etag)
         except ObjectNotFound:
@@ -252,7 +268,8 @@ class SnapshotReader:
             note_refresh_failure()
             return state.snapshot
         held = state.snapshot
-        state.holding = held is not None and int(pointer.get("erased_through") or 0) > held.generation
+        state.holding = LOADING_ERASED if (held is not None and int(pointer.get("erased_through") or 0)
+                                           > held.generation) else 0
         try:
             snapshot, digests = self._load(org_id, state, pointer)
         except SnapshotRejected as exc:

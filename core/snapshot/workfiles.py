@@ -200,6 +200,7 @@ def _sweep(work_dir: str, only: re.Pattern | None = None) -> tuple[int, list[str
 
 SERVE_DIR_PREFIX = "serve-"
 _held_server_locks: list[int] = []  # this process's server directory locks, held until it ends
+_held_server_dirs: list[str] = []  # and their directories
 
 
 def hold_server_dir(cache_dir: str) -> str:
@@ -207,16 +208,40 @@ def hold_server_dir(cache_dir: str) -> str:
     under an ``flock`` on ``serve-<pid>.lock`` held until the process ends
     (the kernel drops it however it ends). The lock comes first, so no
     sweep ever finds the directory unlocked while its server lives; and a
-    lock, unlike a pid, means the same in every PID namespace and cannot be
-    reused by another process."""
+    lock, unlike a pid, means the same in every PID namespace. The lock is
+    taken on the file still linked at that path (a sweep may unlink the
+    one just opened, as for work files); a name whose lock another live
+    server holds (the same pid in another namespace) gets a suffix."""
     os.makedirs(cache_dir, exist_ok=True)
     name = f"{SERVE_DIR_PREFIX}{os.getpid()}"
-    fd = os.open(os.path.join(cache_dir, name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    while True:
+        lock_path = os.path.join(cache_dir, name + ".lock")
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            name = f"{SERVE_DIR_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+            continue
+        try:
+            linked = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            linked = False
+        if linked:
+            break
+        os.close(fd)
     _held_server_locks.append(fd)
     path = os.path.join(cache_dir, name)
     os.makedirs(path, exist_ok=True)
+    _held_server_dirs.append(path)
     return path
+
+
+def release_server_dir(path: str) -> None:
+    """Remove this server's directory and its lock file (a normal exit)."""
+    shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path + ".lock")
 
 
 def remove_dead_server_dirs(cache_dir: str) -> tuple[int, list[str]]:
@@ -232,10 +257,10 @@ def remove_dead_server_dirs(cache_dir: str) -> tuple[int, list[str]]:
         return 0, []
     removed, stuck = 0, []
     for name in names:
-        pid = name[len(SERVE_DIR_PREFIX):]
+        pid = name[len(SERVE_DIR_PREFIX):].split("-", 1)[0]  # serve-<pid>, or serve-<pid>-<suffix>
         path = os.path.join(cache_dir, name)
-        if not (name.startswith(SERVE_DIR_PREFIX) and pid.isdigit()) or int(pid) == os.getpid() \
-                or not os.path.isdir(path):
+        if not (name.startswith(SERVE_DIR_PREFIX) and pid.isdigit()) or not os.path.isdir(path) \
+                or any(os.path.samefile(path, mine) for mine in _held_server_dirs if os.path.exists(mine)):
             continue
         lock_path = path + ".lock"
         try:
