@@ -8,6 +8,7 @@ import hashlib
 import json
 from collections import Counter
 import os
+from pathlib import Path
 import re
 import shutil
 import subprocess
@@ -254,13 +255,7 @@ def test_an_erasure_in_titen_serve_rings_the_servers_bell_before_it_is_marked_co
     assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
 
 
-HOLD_LOCK = """
-import fcntl, os, sys, time
-fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
-fcntl.flock(fd, fcntl.LOCK_EX)
-print("held", flush=True)
-time.sleep(60)
-"""
+HOLD_LOCK = str(Path(__file__).resolve().parent / "hold_lock.py")  # a process holding a lock
 
 
 def test_an_erasure_removes_the_snapshot_caches_that_servers_gone_left_behind(world):
@@ -278,7 +273,7 @@ def test_an_erasure_removes_the_snapshot_caches_that_servers_gone_left_behind(wo
         shutil.copyfile(cache / "build" / "kept-acme.sqlite", cache / f"serve-{pid}" / "acme-000000000002-x.sqlite")
     (cache / f"serve-{dead[0]}.lock").touch()  # its server ended: nobody holds the lock
     # dead[1]'s lock is held: a live server whose pid is another namespace's
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(cache / f"serve-{dead[1]}.lock")],
+    holder = subprocess.Popen([sys.executable, HOLD_LOCK, str(cache / f"serve-{dead[1]}.lock")],
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"

@@ -4,6 +4,7 @@ process was killed are swept by the next one (core/snapshot/workfiles.py),
 never the files of a build still running."""
 
 import os
+from pathlib import Path
 import subprocess
 import sys
 
@@ -138,13 +139,7 @@ def test_a_build_that_carried_no_erasure_out_completes_none(tmp_path):
 
 # -- the cache directories of titen serve's server processes ---------------------
 
-_HOLD_LOCK = """
-import fcntl, os, sys, time
-fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
-fcntl.flock(fd, fcntl.LOCK_EX)
-print("held", flush=True)
-time.sleep(60)
-"""
+HOLD_LOCK = str(Path(__file__).resolve().parent / "hold_lock.py")  # a process holding a lock
 
 
 def test_a_server_whose_pid_names_a_directory_another_live_server_holds_takes_another_name(tmp_path):
@@ -156,7 +151,7 @@ def test_a_server_whose_pid_names_a_directory_another_live_server_holds_takes_an
     from core.snapshot.workfiles import SERVE_DIR_PREFIX, hold_server_dir, remove_dead_server_dirs
     taken = tmp_path / f"{SERVE_DIR_PREFIX}{os.getpid()}"
     taken.mkdir()
-    other = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(taken) + ".lock"], stdout=subprocess.PIPE,
+    other = subprocess.Popen([sys.executable, HOLD_LOCK, str(taken) + ".lock"], stdout=subprocess.PIPE,
                              text=True)
     try:
         assert other.stdout.readline().strip() == "held"
