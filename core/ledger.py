@@ -32,6 +32,7 @@ from core.ids import minted_at, uuid7_ms
 from core.layout import ENTRY_SUFFIX, ORGANIZATIONS_PREFIX, entry_key, ledger_prefix, organization_key
 from core.storage import ObjectNotFound, PreconditionFailed, Store, StoreError
 
+
 class DamagedEntry(StoreError):
     """A ledger object that is not a JSON object: a build cannot apply it and
     will not skip it (the ledger is the only copy), so it stops, naming it."""

@@ -349,6 +349,16 @@ def _held_downloads(store, monkeypatch):
     return fetching, release
 
 
+def _request(reader, org=ORG):
+    """``reader.check(org)`` on a thread of its own, as a concurrent request:
+    (the thread, started; the dict its answer lands in under "answer")."""
+    import threading
+    answer: dict = {}
+    thread = threading.Thread(target=lambda: answer.setdefault("answer", reader.check(org)))
+    thread.start()
+    return thread, answer
+
+
 def test_a_request_during_the_first_load_waits_for_it_rather_than_answering_unavailable(store, tmp_path,
                                                                                        monkeypatch):
     """Two requests reach a cold reader together (a freshly started server
@@ -363,9 +373,7 @@ def test_a_request_during_the_first_load_waits_for_it_rather_than_answering_unav
     loader = threading.Thread(target=lambda: first.setdefault("snapshot", reader.current(ORG)))
     loader.start()
     assert fetching.wait(30)
-    second = {}
-    waiter = threading.Thread(target=lambda: second.setdefault("answer", reader.check(ORG)))
-    waiter.start()
+    waiter, second = _request(reader)
     waiter.join(0.5)
     assert waiter.is_alive()  # waiting for the load, not answering "no generation verified yet"
     release.set()
@@ -432,9 +440,7 @@ def test_while_a_generation_an_erasure_came_after_loads_requests_wait_rather_tha
     loader = threading.Thread(target=reader.check, args=(ORG,))
     loader.start()
     assert fetching.wait(30)
-    answer = {}
-    request = threading.Thread(target=lambda: answer.setdefault("answer", reader.check(ORG)))
-    request.start()
+    request, answer = _request(reader)
     request.join(0.5)
     assert request.is_alive()  # not answered from generation 1
     release.set()
@@ -467,9 +473,7 @@ def test_a_slow_pointer_read_holds_other_requests_only_briefly(store, tmp_path, 
     refresher = threading.Thread(target=reader.check, args=(ORG,))
     refresher.start()
     assert reading.wait(30)
-    answer = {}
-    request = threading.Thread(target=lambda: answer.setdefault("answer", reader.check(ORG)))
-    request.start()
+    request, answer = _request(reader)
     request.join(10)
     try:
         assert not request.is_alive()  # answered while the read is still held

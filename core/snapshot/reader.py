@@ -169,17 +169,13 @@ class SnapshotReader:
         elif state.snapshot is None and state.published is not False:
             with state.lock:  # a first load in another thread stamped checked_at: wait for it
                 pass
-        else:
-            while state.holding:
-                if state.holding == LOADING_ERASED:
-                    with state.lock:
-                        pass
-                    break
-                if state.lock.acquire(timeout=POINTER_READ_WAIT_S):
-                    state.lock.release()
-                    break
-                if state.holding != LOADING_ERASED:
-                    break  # the store is slow: serve what is held, as when it cannot be read
+        elif state.holding:
+            acquired = state.lock.acquire(timeout=POINTER_READ_WAIT_S)
+            if not acquired and state.holding == LOADING_ERASED:
+                acquired = state.lock.acquire()  # the generation an erasure came after: wait for it
+            if acquired:
+                state.lock.release()
+            # else a slow pointer read: serve what is held, as when the store cannot be read
         snapshot = state.snapshot
         return snapshot, (state.unavailable_reason() if snapshot is None else None)
 

@@ -38,9 +38,10 @@ The rules:
 ``titen serve``'s server processes keep their generations in
 ``<cache>/serve-<pid>`` (core/serving.py); a server gone (killed, replaced,
 the run stopped) leaves its directory, and with it a generation from
-before an erasure, behind. ``remove_dead_server_dirs`` removes those of
-processes no longer alive: at a server's start, and before an erasure is
-marked complete.
+before an erasure, behind. A server holds an ``flock`` on
+``serve-<pid>.lock`` for its life (``hold_server_dir``), and
+``remove_dead_server_dirs`` removes the directories whose lock it can take:
+at a server's start, and before an erasure is marked complete.
 
 An ``flock`` belongs to an open file, not to a process: two builds in one
 process (two organizations on two threads) exclude each other like two
