@@ -32,6 +32,11 @@ def _describe(ch: str) -> str:
     return f"U+{ord(ch):04X}"
 
 
+def well_formed(value: str) -> bool:
+    """Whether ``value`` can be written in UTF-8 (no unpaired surrogate)."""
+    return not _SURROGATE.search(value)
+
+
 def check_text(value: str, path: str) -> None:
     if _SURROGATE.search(value):
         raise ValidationError(f"{path}: ill-formed Unicode (unpaired surrogate)")
@@ -55,10 +60,24 @@ def parse_json_body(raw: bytes) -> dict:
     return value
 
 
-def parse_json_value(raw: bytes) -> Any:
+def parse_json_value(raw: bytes, max_depth: int = MAX_DEPTH) -> Any:
     """Any JSON value under the body rules of size, encoding and depth (the
-    text rules are ``check_strings``, applied by the caller to what it reads)."""
-    return _parse(raw)[0]
+    text rules are ``check_strings``, applied by the caller to what it reads).
+    ``max_depth`` is wider for a message that wraps a body (MCP's tool
+    arguments sit two levels in), which then checks the body with ``check_depth``."""
+    return _parse(raw, max_depth)[0]
+
+
+def check_depth(value: Any) -> None:
+    """The depth rule on a parsed body (a body read inside a wider message)."""
+    level = [(value, 1)]
+    while level:
+        v, depth = level.pop()
+        if isinstance(v, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise ValidationError(f"request body nests deeper than {MAX_DEPTH} levels")
+            level.extend((item, depth + 1) for item in (v.values() if isinstance(v, dict) else v)
+                         if isinstance(item, (dict, list)))
 
 
 def check_size(raw: bytes) -> None:
@@ -67,7 +86,7 @@ def check_size(raw: bytes) -> None:
         raise PayloadTooLarge(f"request body is {len(raw)} bytes; the limit is {MAX_BODY_BYTES} (1 MiB)")
 
 
-def _parse(raw: bytes) -> tuple[Any, str]:
+def _parse(raw: bytes, max_depth: int = MAX_DEPTH) -> tuple[Any, str]:
     check_size(raw)
     if not raw.strip():
         raise ValidationError("request body is empty; a JSON object is required")
@@ -75,7 +94,7 @@ def _parse(raw: bytes) -> tuple[Any, str]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValidationError(f"request body is not well-formed UTF-8 (byte {exc.start})") from None
-    _check_depth(text)
+    _check_depth(text, max_depth)
     try:
         value = json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
     except ValidationError:
@@ -110,21 +129,21 @@ _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
 _BRACKETS = re.compile(r"[\[\]{}]")
 
 
-def _check_depth(text: str) -> None:
+def _check_depth(text: str, max_depth: int) -> None:
     # Count brackets outside strings before parsing, so a deeply nested body
     # is refused without recursing through it. Fewer brackets than the
     # limit, strings included, cannot nest deeper: no scan. Otherwise the
     # strings are cut out first (in C); one that never closes takes the rest
     # of the text with it, so nothing after it counts, as for the parser.
-    if text.count("[") + text.count("{") <= MAX_DEPTH:
+    if text.count("[") + text.count("{") <= max_depth:
         return
     outside = _STRING.sub("", text)
     depth = 0
     for c in _BRACKETS.findall(outside):
         if c in "[{":
             depth += 1
-            if depth > MAX_DEPTH:
-                raise ValidationError(f"request body nests deeper than {MAX_DEPTH} levels")
+            if depth > max_depth:
+                raise ValidationError(f"request body nests deeper than {max_depth} levels")
         else:
             depth -= 1
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import ValidationError
-from core.validation import MAX_DEPTH, parse_json_body, parse_json_value
+from core.validation import MAX_DEPTH, check_depth, parse_json_body, parse_json_value
 
 
 def _depth(value) -> int:
@@ -43,6 +43,25 @@ def test_the_depth_limit_is_the_nesting_the_parser_sees(depth, leaf, siblings):
             parse_json_value(text.encode())
     else:
         assert parse_json_value(text.encode()) == value
+
+
+@settings(max_examples=200, deadline=None)
+@given(depth=st.integers(min_value=0, max_value=MAX_DEPTH + 8), leaf=_TRICKY,
+       siblings=st.lists(_TRICKY, max_size=40))
+def test_the_depth_rule_on_a_parsed_body_agrees_with_the_parser(depth, leaf, siblings):
+    # MCP reads a tool's arguments inside a wider message, then checks them as a body
+    value = {"pad": siblings, "v": _nested(depth, leaf)}
+    try:
+        parse_json_value(json.dumps(value).encode())
+        refused = None
+    except ValidationError as exc:
+        refused = exc.message
+    try:
+        check_depth(value)
+        checked = None
+    except ValidationError as exc:
+        checked = exc.message
+    assert checked == refused
 
 
 def test_brackets_inside_strings_do_not_count_as_nesting():

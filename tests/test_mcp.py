@@ -460,3 +460,53 @@ def test_an_id_argument_gets_exactly_the_answer_its_route_gives_that_path(api, t
                                json={"outcome": "used"} if method == "POST" else None).json()["error"]
     assert result["isError"] is True and result["structuredContent"]["error"] == route
     assert api.ledger_keys() == []
+
+
+@pytest.mark.parametrize("raw_id", [r'"a\ud800"', r'"\udfff"', r'"\udc00\ud800"'])
+def test_an_id_that_is_not_well_formed_unicode_is_an_invalid_request_under_a_null_id(api, raw_id):
+    # the id was echoed as it came, and writing the answer failed: a 500 in the REST envelope
+    raw = b'{"jsonrpc": "2.0", "id": ' + raw_id.encode() + b', "method": "ping"}'
+    r = api.client.post("/mcp", content=raw, headers={**HEADERS, **api._headers(api.key())})
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert body["id"] is None and body["error"]["code"] == -32600
+    assert body["error"]["message"] == "the JSON-RPC id must be a string or an integer, in well-formed Unicode"
+
+
+def _nested(depth: int):
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("depth", [62, 63, 64, 65, 66, 128])
+def test_tool_arguments_nest_as_deep_as_the_routes_body_and_no_deeper(api, depth):
+    # the arguments object is the route's body (level 1); the JSON-RPC message
+    # around it does not count against the limit of 64
+    key = api.key()
+    body = {**remember_args(), "bogus": _nested(depth - 1)}
+    result = call_tool(api, key, "titen_remember", body)
+    route = api.post("/v1/observations", {**body, **REMEMBER_DEFAULTS}, key).json()["error"]
+    assert result["isError"] is True
+    assert result["structuredContent"]["error"] == route
+    assert api.ledger_keys() == []
+
+
+def test_a_message_nesting_deeper_than_twice_the_body_limit_is_refused_unread_as_a_parse_error(api):
+    raw = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                      "params": {"name": "titen_remember", "arguments": {"x": _nested(200)}}})
+    r = api.client.post("/mcp", content=raw, headers={**HEADERS, **api._headers(api.key())})
+    assert r.status_code == 400 and r.json()["error"]["code"] == -32700
+    assert r.json()["error"]["message"] == "request body nests deeper than 130 levels"
+    assert api.ledger_keys() == []
+
+
+def test_a_body_rule_is_checked_before_the_tools_scope_as_on_its_route(api):
+    # docs/api.md §3: the body rules (3) come before the scope (5)
+    key = api.key(principal="carol", scopes="context:compile")
+    arguments = {"subject_id": "user_rama", "content": "x\u0007"}
+    result = call_tool(api, key, "titen_remember", arguments)
+    route = api.post("/v1/observations", {**arguments, **REMEMBER_DEFAULTS}, key).json()["error"]
+    assert route["code"] == "VALIDATION_ERROR"
+    assert result["structuredContent"]["error"] == route

@@ -136,3 +136,27 @@ def test_the_relay_answers_a_refused_message_under_its_own_id(served):
         answers = [json.loads(line) for line in proc.stdout.splitlines()]
         assert [a["id"] for a in answers] == [5, "big"]
         assert [(a.get("error") or {}).get("data", {}).get("code") for a in answers] == codes
+
+
+def test_stdio_answers_an_id_in_ill_formed_unicode_under_a_null_id_and_goes_on(tmp_path):
+    # the id was echoed as it came: writing the answer raised, and titen mcp exited
+    service = Service(Settings.from_env(data_dir=str(tmp_path / "d")))
+    key = service.keys.create("acme", "alice", ["context:compile"], [])["api_key"]
+    lines = b'{"jsonrpc": "2.0", "id": "a\\ud800", "method": "ping"}\n{"jsonrpc": "2.0", "id": 3, "method": "ping"}\n'
+    proc = subprocess.run([TITEN, "mcp", "--data-dir", str(tmp_path / "d"), "--api-key", key], input=lines,
+                          capture_output=True, timeout=60, env={**os.environ, "TITEN_CACHE_DIR": str(tmp_path / "c")})
+    assert proc.returncode == 0, proc.stderr
+    answers = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [a.get("id") for a in answers] == [None, 3]
+    assert answers[0]["error"]["code"] == -32600 and answers[1]["result"] == {}
+
+
+def test_the_relay_answers_an_id_in_ill_formed_unicode_under_a_null_id_and_goes_on(served):
+    url, keys = served
+    lines = b'{"jsonrpc": "2.0", "id": "a\\ud800", "method": "ping"}\n{"jsonrpc": "2.0", "id": 3, "method": "ping"}\n'
+    proc = subprocess.run([TITEN, "mcp", "--url", url], input=lines, capture_output=True, timeout=60,
+                          env={**os.environ, "TITEN_API_KEY": keys["compile"]})
+    assert proc.returncode == 0, proc.stderr
+    answers = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [a.get("id") for a in answers] == [None, 3]
+    assert answers[0]["error"]["code"] == -32600 and answers[1]["result"] == {}

@@ -18,7 +18,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from core.api.envelope import error_response, json_response, one_header, read_body, read_raw, success_body
-from core.api.mcp import (INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, SERVER_ERROR, TOOLS,
+from core.api.mcp import (INVALID_PARAMS, INVALID_REQUEST, MESSAGE_DEPTH, METHOD_NOT_FOUND, PARSE_ERROR, SERVER_ERROR, TOOLS,
                           McpServer, RpcError, message_id, rpc_error)
 from core.budget.items import dumps
 from core.errors import Internal, RequestTimeout, TitenError, Unavailable, ValidationError, echo, printable
@@ -108,7 +108,7 @@ def mcp_endpoint(service: Service):
             principal = await authenticated(service, request)
             raw = await read_raw(request, service.settings.body_timeout)
             try:
-                message = parse_json_value(raw)
+                message = parse_json_value(raw, MESSAGE_DEPTH)
             except ValidationError as exc:
                 raise RpcError(PARSE_ERROR, exc.message, 400) from None
             note_rpc(message, TOOLS)  # the request line's rpc_method and tool

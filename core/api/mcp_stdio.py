@@ -22,7 +22,7 @@ from typing import IO, Callable
 
 from core.errors import PayloadTooLarge, TitenError, ValidationError
 from core.ids import new_id
-from core.api.mcp import PARSE_ERROR, SERVER_ERROR, McpServer, RpcError, message_id, rpc_error
+from core.api.mcp import MESSAGE_DEPTH, PARSE_ERROR, SERVER_ERROR, McpServer, RpcError, message_id, rpc_error
 from core.budget.items import dumps
 from core.validation import check_size, parse_json_value
 
@@ -49,7 +49,7 @@ def embedded(service, api_key: str) -> Answer:
         message = None
         try:
             try:
-                message = parse_json_value(line)
+                message = parse_json_value(line, MESSAGE_DEPTH)
             except ValidationError as exc:
                 raise RpcError(PARSE_ERROR, exc.message) from None
             return server.handle(message, lambda: service.keys.authenticate(authorization), new_id("req"))
