@@ -67,8 +67,10 @@ class Text:
     format_pattern: str | None = None
 
     def read(self, f, name: str, required: bool):
+        # a refused choice is read (a later rule refuses it with its own
+        # message) but never offered in the message for a wrong one
         return f.string(name, required=required, max_len=self.max_len, pattern=self.pattern,
-                        choices=self.choices, default=self.default)
+                        choices=self.choices, default=self.default, refused=self.refused)
 
     def schema(self, nullable: bool) -> dict:
         if self.choices is not None:

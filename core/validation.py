@@ -16,11 +16,12 @@ from datetime import datetime
 from typing import Any, Iterable
 
 from core.bodies import IDENTIFIER, Record
-from core.errors import PayloadTooLarge, ValidationError, echo
+from core.errors import PayloadTooLarge, ValidationError, echo, printable
 from core.instants import RANGE_TEXT, InstantOutOfRange, parse_instant
 
 MAX_BODY_BYTES = 1 << 20
 MAX_DEPTH = 64
+MAX_INSTANT = 64  # characters: the longest instant read (fractions beyond microseconds are cut)
 
 # C0 controls except tab (09) and line feed (0A), DEL, C1 controls, and the
 # bidirectional controls (ALM, LRM/RLM, embeddings/overrides, isolates).
@@ -96,11 +97,13 @@ def _parse(raw: bytes, max_depth: int = MAX_DEPTH) -> tuple[Any, str]:
         raise ValidationError(f"request body is not well-formed UTF-8 (byte {exc.start})") from None
     _check_depth(text, max_depth)
     try:
-        value = json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
+        value = json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int,
+                           object_pairs_hook=_object)
     except ValidationError:
         raise
     except (ValueError, RecursionError) as exc:
-        msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "invalid JSON"
+        # some of Python's messages end in "at", before the position they name
+        msg = exc.msg.removesuffix(" at") if isinstance(exc, json.JSONDecodeError) else "invalid JSON"
         pos = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
         raise ValidationError(f"request body is not valid JSON: {msg}{pos}") from None
     return value, text
@@ -116,6 +119,22 @@ def _parse_int(digits: str) -> int:
         raise ValidationError(f"request body holds an integer of {len(digits.lstrip('-'))} digits; "
                               f"an integer in a body may have at most {MAX_INT_DIGITS}")
     return int(digits)
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict:
+    # A key twice in one object is refused rather than the last value taken:
+    # a proxy or a signature check that reads the first would see another
+    # request than the service, and a text rule broken in the value dropped
+    # would pass unseen.
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValidationError(f"request body has the key '{printable(echo(key))}' twice in one object; "
+                                      "send each key once")
+            seen.add(key)
+    return obj
 
 
 def _reject_constant(name: str):
@@ -198,7 +217,7 @@ class Fields:
 
     def string(self, name: str, *, required: bool = True, max_len: int = 256,
                pattern: re.Pattern | None = None, choices: Iterable[str] | None = None,
-               default: str | None = None) -> str | None:
+               default: str | None = None, refused: Iterable[str] = ()) -> str | None:
         v = self._get(name, required)
         if v is None:
             return default
@@ -207,7 +226,8 @@ class Fields:
         if choices is not None:
             choices = tuple(choices)
             if v not in choices:
-                raise ValidationError(f"{self._name(name)} must be one of {', '.join(choices)}; got {echo(v)!r}")
+                offered = [c for c in choices if c not in refused]
+                raise ValidationError(f"{self._name(name)} must be one of {', '.join(offered)}; got {echo(v)!r}")
             return v
         if not v.strip():
             raise ValidationError(f"{self._name(name)} must not be empty")
@@ -258,8 +278,10 @@ class Fields:
         v = self._get(name, required)
         if v is None:
             return None
-        if not isinstance(v, str) or len(v) > 64:
+        if not isinstance(v, str):
             raise ValidationError(f"{self._name(name)} must be an ISO-8601 instant string")
+        if len(v) > MAX_INSTANT:
+            raise ValidationError(f"{self._name(name)} is {len(v)} characters; an instant has at most {MAX_INSTANT}")
         try:
             return parse_instant(v)
         except InstantOutOfRange:

@@ -45,6 +45,8 @@ ROUTE_CASES = [
     ("/v1/observations", obs(content=""), "content must not be empty"),
     ("/v1/observations", obs(kind="gossip"), "kind must be one of"),
     ("/v1/observations", obs(trust="policy_approved"), "policy_approved is never accepted"),
+    # the choices a write may make, not policy_approved, which it never may
+    ("/v1/observations", obs(trust="high"), "trust must be one of unverified, asserted, verified; got 'high'"),
     ("/v1/observations", obs(visibility="public"), "visibility must be one of"),
     ("/v1/observations", obs(visibility="team"), "workspace_id is required"),
     ("/v1/observations", obs(source={"type": "tool"}), "source.ref is required"),
@@ -80,6 +82,8 @@ ROUTE_CASES = [
     ("/v1/context/compile", compile_body(max_tokens=1200.5), "max_tokens must be an integer"),
     ("/v1/context/compile", compile_body(include_checkpoints="yes"), "include_checkpoints must be true or false"),
     ("/v1/context/compile", compile_body(at="not a time"), "at must be an ISO-8601"),
+    ("/v1/context/compile", compile_body(at="2026-07-30T12:00:00." + "1" * 44 + "Z"),
+     "at is 65 characters; an instant has at most 64"),
     ("/v1/context/compile", compile_body(subject_id=None), "subject_id is required"),
 ]
 
@@ -272,6 +276,24 @@ def test_an_erased_subject_id_with_a_trailing_line_feed_is_not_an_identifier(api
     assert r.status_code == 400 and r.json()["error"]["code"] == "VALIDATION_ERROR"
     assert "not an identifier" in r.json()["error"]["message"]
     assert api.ledger_keys() == [] and list(api.service.store.list_keys("orgs/acme/erasures/")) == []
+
+
+def test_an_erased_subject_id_quotes_a_control_character_as_an_escape(api):
+    # docs/api.md §1: a path's unprintable characters come back as \uXXXX escapes
+    key = api.key(scopes=ALL_SCOPES_WITH_ERASE)
+    r = api.client.delete("/v1/subjects/a%00b", headers=api._headers(key))
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "subject_id 'a\\u0000b' is not an identifier (letters, digits, '_.:@-')"
+
+
+@pytest.mark.parametrize("raw", [b'{"subject_id": "user_rama", "task": "\\ud800", "task": "deploy", "max_tokens": 1200}',
+                                 b'{"subject_id": "user_rama", "task": "deploy", "max_tokens": 1200, "max_tokens": 128}'])
+def test_a_key_twice_in_one_object_is_refused_not_the_last_taken(api, raw):
+    # a proxy reading the first value would see another request than the service
+    r = api.post("/v1/context/compile", raw, api.key())
+    assert r.status_code == 400 and r.json()["error"]["code"] == "VALIDATION_ERROR"
+    key = "task" if b"ud800" in raw else "max_tokens"
+    assert r.json()["error"]["message"] == f"request body has the key '{key}' twice in one object; send each key once"
 
 
 def test_a_whole_number_written_with_a_fraction_is_an_integer(api):

@@ -64,6 +64,23 @@ def test_the_depth_rule_on_a_parsed_body_agrees_with_the_parser(depth, leaf, sib
     assert checked == refused
 
 
+def test_a_json_error_names_its_place_once():
+    # Python's message for a raw control character ends in "at"; the position was then "at at line"
+    with pytest.raises(ValidationError) as raised:
+        parse_json_value(b'{"a": "x\x01"}')
+    assert raised.value.message == "request body is not valid JSON: Invalid control character at line 1 column 9"
+
+
+@pytest.mark.parametrize("raw", [b'{"a": 1, "a": 1}', b'{"a": [{"b": 1, "c": 2, "b": 3}]}', b'{"a": {"\\u0062": 1, "b": 2}}'])
+def test_a_key_twice_in_one_object_is_refused(raw):
+    with pytest.raises(ValidationError, match="twice in one object"):
+        parse_json_value(raw)
+
+
+def test_the_same_key_in_two_objects_is_no_repeat():
+    assert parse_json_value(b'{"a": {"k": 1}, "b": {"k": 2}}') == {"a": {"k": 1}, "b": {"k": 2}}
+
+
 def test_brackets_inside_strings_do_not_count_as_nesting():
     body = {"content": "[" * 200 + "{" * 200, "escaped": "\\\"[[[[" * 50}
     assert parse_json_body(json.dumps(body).encode()) == body

@@ -53,6 +53,14 @@ def test_every_route_of_the_app_is_in_the_document(api):
     assert served == documented == ROUTES
 
 
+def test_the_erased_subject_in_the_path_is_the_identifier_a_body_names():
+    # the route refuses what is not an identifier, so the document says so (api.md §14)
+    delete = document()["paths"]["/v1/subjects/{subject_id}"]["delete"]
+    (param,) = delete["parameters"]
+    body_subject = {k: v for k, v in OBSERVATION.fields["subject_id"].schema(False).items() if k != "description"}
+    assert {k: v for k, v in param["schema"].items() if k != "description"} == body_subject
+
+
 def test_request_bodies_are_the_validators_specs():
     schemas = document()["components"]["schemas"]
     assert schemas["Observation"] == OBSERVATION.schema()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from core.bodies import BATCH, COMPILE, CONSOLIDATION, FEEDBACK, OBSERVATION, SUPERSEDE, TRANSITION
+from core.bodies import BATCH, COMPILE, CONSOLIDATION, FEEDBACK, OBSERVATION, SUPERSEDE, TRANSITION, identifier
 from core.domain import (CLAIM_KINDS, CLAIM_STATUSES, FEEDBACK_OUTCOMES, INSTRUCTIONS, OBSERVATION_KINDS,
                          POLICY_SNAPSHOT, RELATIONS, TRUST_LEVELS, VISIBILITY_RANK)
 from core.errors import TitenError
@@ -277,7 +277,7 @@ def document() -> dict:
             "eraseSubject", "erase everything about a subject in the caller's organization, from every copy "
             "(202: carried out by the next rebuild)", "memory:erase", 202, ref("ErasureAsked"),
             (400, 401, 403, 500, 503), params=[{"name": "subject_id", "in": "path", "required": True,
-                                               "schema": _s("string", maxLength=128)}])},
+                                               "schema": identifier().schema(False)}])},
         "/v1/observations/{observation_id}": {"delete": _op(
             "eraseObservation", "erase one observation and the claims it alone supports (202)", "memory:erase",
             202, ref("ErasureAsked"), (401, 403, 404, 500, 503), params=[_path_id("observation_id", "obs")])},

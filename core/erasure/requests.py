@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Callable
 
 from core.bodies import IDENTIFIER
-from core.errors import NotFound, ValidationError, echo
+from core.errors import NotFound, ValidationError, echo, printable
 from core.erasure import records
 from core.ids import entry_hex, entry_of, minted_at, parse_id, subject_tag
 from core.keys import Principal
@@ -41,7 +41,9 @@ class ErasureDesk:
     def erase_subject(self, principal: Principal, subject_id: str) -> dict:
         principal.require("memory:erase")
         if not IDENTIFIER.fullmatch(subject_id or ""):
-            raise ValidationError(f"subject_id {echo(subject_id)!r} is not an identifier (letters, digits, '_.:@-')")
+            # a path's value: its unprintable characters quoted as escapes (api.md §1)
+            raise ValidationError(f"subject_id '{printable(echo(subject_id))}' is not an identifier "
+                                  "(letters, digits, '_.:@-')")
         erasure_id = self._record(principal, "subject", subject_id, subject_tag(principal.org_id, subject_id))
         return {"erasure_id": erasure_id, "subject_id": subject_id, "status": "pending"}
 
