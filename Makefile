@@ -22,7 +22,7 @@ run: $(STAMP)
 	$(BIN)/titen serve --data-dir $(DATA_DIR) --port $(PORT)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto
 
 clean:
 	rm -rf $(VENV) $(DATA_DIR) build *.egg-info
