@@ -72,6 +72,12 @@ def test_sdk_stdio_client_runs_the_agent_sequence_bridged_to_titen_serve(served,
                                      foreign_claim_id=foreign["claim_id"]))
 
 
+def _embedded(tmp_path, key: str, lines: bytes) -> subprocess.CompletedProcess:
+    """``titen mcp`` on the embedded store ``tmp_path/d``, fed ``lines`` on stdin."""
+    return subprocess.run([TITEN, "mcp", "--data-dir", str(tmp_path / "d"), "--api-key", key], input=lines,
+                          capture_output=True, timeout=60, env={**os.environ, "TITEN_CACHE_DIR": str(tmp_path / "c")})
+
+
 def test_titen_mcp_without_a_key_says_so_and_exits_2(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TITEN_API_KEY"}
     proc = subprocess.run([TITEN, "mcp", "--data-dir", str(tmp_path / "d")], input=b"", capture_output=True,
@@ -84,8 +90,7 @@ def test_stdio_answers_a_bad_line_with_a_parse_error_and_ignores_notifications(t
     key = service.keys.create("acme", "alice", ["context:compile"], [])["api_key"]
     lines = b'{not json\n{"jsonrpc": "2.0", "method": "notifications/initialized"}\n' \
             b'{"jsonrpc": "2.0", "id": 9, "method": "ping"}\n'
-    proc = subprocess.run([TITEN, "mcp", "--data-dir", str(tmp_path / "d"), "--api-key", key], input=lines,
-                          capture_output=True, timeout=60, env={**os.environ, "TITEN_CACHE_DIR": str(tmp_path / "c")})
+    proc = _embedded(tmp_path, key, lines)
     assert proc.returncode == 0, proc.stderr
     answers = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [a.get("id") for a in answers] == [None, 9]
@@ -100,8 +105,7 @@ def test_the_embedded_server_answers_a_message_over_1_mib_under_its_own_id(tmp_p
     lines = (json.dumps({"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": big}).encode() + b"\n"
              + json.dumps({"jsonrpc": "2.0", "method": "tools/call", "params": big}).encode() + b"\n"
              + b'{"jsonrpc": "2.0", "id": 9, "method": "ping"}\n')
-    proc = subprocess.run([TITEN, "mcp", "--data-dir", str(tmp_path / "d"), "--api-key", key], input=lines,
-                          capture_output=True, timeout=60, env={**os.environ, "TITEN_CACHE_DIR": str(tmp_path / "c")})
+    proc = _embedded(tmp_path, key, lines)
     answers = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [a.get("id") for a in answers] == [8, 9]  # the notification is never answered
     assert answers[0]["error"]["data"]["code"] == "PAYLOAD_TOO_LARGE"
@@ -143,8 +147,7 @@ def test_stdio_answers_an_id_in_ill_formed_unicode_under_a_null_id_and_goes_on(t
     service = Service(Settings.from_env(data_dir=str(tmp_path / "d")))
     key = service.keys.create("acme", "alice", ["context:compile"], [])["api_key"]
     lines = b'{"jsonrpc": "2.0", "id": "a\\ud800", "method": "ping"}\n{"jsonrpc": "2.0", "id": 3, "method": "ping"}\n'
-    proc = subprocess.run([TITEN, "mcp", "--data-dir", str(tmp_path / "d"), "--api-key", key], input=lines,
-                          capture_output=True, timeout=60, env={**os.environ, "TITEN_CACHE_DIR": str(tmp_path / "c")})
+    proc = _embedded(tmp_path, key, lines)
     assert proc.returncode == 0, proc.stderr
     answers = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [a.get("id") for a in answers] == [None, 3]
