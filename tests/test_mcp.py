@@ -510,3 +510,12 @@ def test_a_body_rule_is_checked_before_the_tools_scope_as_on_its_route(api):
     route = api.post("/v1/observations", {**arguments, **REMEMBER_DEFAULTS}, key).json()["error"]
     assert route["code"] == "VALIDATION_ERROR"
     assert result["structuredContent"]["error"] == route
+
+
+def test_a_key_twice_in_a_message_is_a_parse_error_and_runs_nothing(api):
+    raw = (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "titen_remember", '
+           b'"arguments": {"subject_id": "user_rama", "content": "\\u0007", "content": "ok"}}}')
+    r = api.client.post("/mcp", content=raw, headers={**HEADERS, **api._headers(api.key())})
+    assert r.status_code == 400 and r.json()["error"]["code"] == -32700
+    assert r.json()["error"]["message"] == "request body has the key 'content' twice in one object; send each key once"
+    assert api.ledger_keys() == []

@@ -18,8 +18,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from core.api.envelope import error_response, json_response, one_header, read_body, read_raw, success_body
-from core.api.mcp import (INVALID_PARAMS, INVALID_REQUEST, MESSAGE_DEPTH, METHOD_NOT_FOUND, PARSE_ERROR, SERVER_ERROR, TOOLS,
-                          McpServer, RpcError, message_id, rpc_error)
+from core.api.mcp import (INVALID_PARAMS, INVALID_REQUEST, MESSAGE_DEPTH, METHOD_NOT_FOUND, PARSE_ERROR,
+                          SERVER_ERROR, TOOLS, McpServer, RpcError, message_id, rpc_error)
 from core.budget.items import dumps
 from core.errors import Internal, RequestTimeout, TitenError, Unavailable, ValidationError, echo, printable
 from core.bodies import IDENTIFIER_MAX
