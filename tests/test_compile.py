@@ -252,3 +252,37 @@ def test_what_one_reader_compiled_on_a_generation_never_widens_anothers_scope(ap
         assert theirs["meta"]["candidates"] == 1
         narrowed = api.compile(alice, "deploy rule", project_id="proj_other").json()
         assert narrowed["meta"]["candidates"] == 0
+
+
+def _private_claims_and_counted_builds(api, monkeypatch, n=30):
+    """``n`` private procedural claims of alice's, rebuilt; then every ItemView built is listed."""
+    from core.compile.catalog import ItemView
+    key = api.key()
+    for i in range(n):
+        api.observe(key, visibility="private", content=f"deploy note {i}",
+                    claim={"statement": f"Deploy step {i} runs the smoke checks.", "kind": "procedural",
+                           "confidence": 0.9})
+    api.rebuild(key)
+    built = []
+    original = ItemView.build.__func__
+    monkeypatch.setattr(ItemView, "build", classmethod(lambda cls, row, *a, **kw: (
+        built.append(row), original(cls, row, *a, **kw))[1]))
+    return key, built
+
+
+def test_a_private_claims_item_is_built_and_counted_only_when_the_packer_reaches_it(api, monkeypatch):
+    # private evidence (the default visibility) makes an item reader-dependent, so its count is
+    # not stored at build; it was built and counted for every one of the ~200 candidates
+    key, built = _private_claims_and_counted_builds(api, monkeypatch)
+    data = api.compile(key, "deploy smoke checks", max_tokens=4000).json()["data"]
+    assert len(data["items"]) == 3  # three a kind (docs/api.md §9.5)
+    assert len(built) == 3  # the other 27 are skipped on kind alone, never built
+
+
+def test_a_reader_dependent_item_is_built_once_a_generation_for_what_its_reader_sees(api, monkeypatch):
+    key, built = _private_claims_and_counted_builds(api, monkeypatch)
+    first = api.compile(key, "deploy smoke checks", max_tokens=4000).json()["data"]
+    built.clear()
+    again = api.compile(key, "deploy smoke checks", max_tokens=4000).json()["data"]
+    assert built == []
+    assert again["items"] == first["items"]

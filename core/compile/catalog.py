@@ -138,6 +138,10 @@ class Catalog:
         self._snapshot = weakref.ref(snapshot)
         self.facts: Bounded[int, ClaimFacts] = Bounded(CLAIM_FACTS_CACHE)   # by rowid
         self.views: Bounded[str, ItemView] = Bounded(ITEM_VIEW_CACHE)       # by claim id
+        # a reader-dependent item by what its reader sees of it: readers who
+        # see the same evidence (its owner, every reader of its workspace)
+        # share one view, and its count is taken once a generation
+        self.reader_views: Bounded[tuple, ItemView] = Bounded(ITEM_VIEW_CACHE)
 
     @property
     def snapshot(self) -> Snapshot:
@@ -176,8 +180,13 @@ class Catalog:
         per generation and kept; its row (``row``, or read here) comes
         through the same scoped query."""
         if facts.row is not None:  # evidence not all organization-visible: per reader
-            return ItemView.build(facts.row, readable_evidence(scope.principal, facts.row[COL["evidence_json"]]),
-                                  disputed)
+            evidence = readable_evidence(scope.principal, facts.row[COL["evidence_json"]])
+            seen = (facts.claim_id, disputed, tuple(evidence))
+            view = self.reader_views.get(seen)
+            if view is None:
+                view = ItemView.build(facts.row, evidence, disputed)
+                self.reader_views.put_all([(seen, view)], 1)
+            return view
         view = self.views.get(facts.claim_id)
         if view is None:
             if row is None:

@@ -35,6 +35,46 @@ from core.snapshot.reader import Snapshot, SnapshotReader
 log = logging.getLogger("titen")
 
 
+class ReaderCandidate:
+    """A candidate whose item looks different to different readers (some of
+    its evidence is not organization-visible, the default for a private
+    memory), so its count is not stored at build: its view is built, and its
+    prefix counted, only when the packer first asks. The packer skips most
+    candidates on kind alone (three a kind), so a compile prices the few it
+    reaches, not all 200 (each count is a tokenization of the item's text)."""
+    __slots__ = ("facts", "scored", "_catalog", "_scope", "_view")
+
+    def __init__(self, facts: ClaimFacts, scored: Ranked, catalog: Catalog, scope: CompileScope):
+        self.facts, self.scored, self._catalog, self._scope = facts, scored, catalog, scope
+        self._view: ItemView | None = None
+
+    @property
+    def claim_id(self) -> str:
+        return self.facts.claim_id
+
+    @property
+    def kind(self) -> str:
+        return self.facts.kind
+
+    @property
+    def view(self) -> ItemView:
+        if self._view is None:
+            self._view = self._catalog.view(self._scope, self.facts, bool(self.scored.conflict))
+        return self._view
+
+    @property
+    def prefix_tokens(self) -> int:
+        return self.view.prefix_tokens
+
+    @property
+    def conflict(self) -> str | None:
+        return self.view.conflict_json
+
+    @property
+    def conflict_tokens(self) -> int:
+        return self.view.conflict_tokens
+
+
 @dataclass
 class CompileOutcome:
     data: dict
@@ -154,15 +194,17 @@ class Compiler:
                     "budget": {"max_tokens": req.max_tokens, "used_tokens": 0},
                     "items": [], "conflicts": [],
                     "policy_snapshot": POLICY_SNAPSHOT, "instructions": INSTRUCTIONS}
-        # reader-dependent, or a conflict entry to price: the full view, all
-        # read in one query
-        full = [i for i, r in enumerate(ranked) if r.signals.prefix_tokens is None or r.conflict]
-        views: dict[int, ItemView] = dict(zip(full, catalog.views_of(
-            scope, [ranked[i].signals for i in full], [bool(ranked[i].conflict) for i in full]))) if full else {}
-        candidates = []
+        # a shared item with a conflict entry to price: its view, all read in
+        # one query (kept for the generation, so counted once)
+        shared = [i for i, r in enumerate(ranked) if r.signals.prefix_tokens is not None and r.conflict]
+        views: dict[int, ItemView] = dict(zip(shared, catalog.views_of(
+            scope, [ranked[i].signals for i in shared], [True] * len(shared)))) if shared else {}
+        candidates: list = []
         for i, r in enumerate(ranked):
             f = r.signals  # the ClaimFacts ranked
-            if i in views:
+            if f.prefix_tokens is None:
+                candidates.append(ReaderCandidate(f, r, catalog, scope))
+            elif i in views:
                 view = views[i]
                 candidates.append(PackCandidate(f.claim_id, f.kind, view.prefix_tokens, r, view.conflict_json,
                                                 view.conflict_tokens))
@@ -174,6 +216,7 @@ class Compiler:
             raise ValidationError(
                 f"max_tokens {req.max_tokens} cannot hold even the empty response envelope (which echoes "
                 f"the task); the smallest budget that would is {exc.needed}") from None
+        views.update((i, candidates[i].view) for i in result.picked if isinstance(candidates[i], ReaderCandidate))
         unseen = [i for i in result.picked if i not in views]
         if unseen:
             views.update(zip(unseen, catalog.views_of(scope, [ranked[i].signals for i in unseen])))
