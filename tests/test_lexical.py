@@ -13,6 +13,7 @@ import apsw
 import pytest
 
 from core import lexical
+from core.lexical import query
 from core.keys import Principal
 from core.compile.planning import plan_query
 from core.compile.retrieval import CompileScope, fts_candidates
@@ -91,7 +92,7 @@ def _answers_as_fts5(db, rng, *, tries: int, k: int) -> int:
         where, params = scope.where()
         expected = fts_candidates(db, where, params, plan.match, k)
         assert lexical.top_candidates(db, scope.subject_id, reader_tags(scope.principal), where, params, plan.terms,
-                                      k) == expected
+                                      k, scope.narrow()) == expected
         checked += 1
     return checked
 
@@ -111,15 +112,44 @@ def test_equals_fts5_query(seed):
         k = rng.choice([1, 3, 10, 50, 200])
         where, params = scope.where()
         expected = fts_candidates(db, where, params, plan.match, k)
-        got = lexical.top_candidates(db, scope.subject_id, reader_tags(scope.principal), where, params, plan.terms, k)
-        if got is None:  # this platform's FTS5 sums this many phrases its own way: FTS5 answers
-            assert not lexical.phrase_count_exact(len(plan.terms))
-            checked += 1
-            continue
-        assert [r for r, _ in got] == [r for r, _ in expected], (plan.terms, k)
-        assert [s for _, s in got] == [s for _, s in expected]  # bit for bit
+        # the project's rows listed through its index, or every match checked: the same answer
+        for narrow in (None, scope.narrow()):
+            got = lexical.top_candidates(db, scope.subject_id, reader_tags(scope.principal), where, params,
+                                         plan.terms, k, narrow)
+            if got is None:  # this platform's FTS5 sums this many phrases its own way: FTS5 answers
+                assert not lexical.phrase_count_exact(len(plan.terms))
+                continue
+            assert [r for r, _ in got] == [r for r, _ in expected], (plan.terms, k)
+            assert [s for _, s in got] == [s for _, s in expected]  # bit for bit
         checked += 1
     assert checked > 30
+
+
+def test_a_rare_project_is_answered_from_its_listed_rows_exactly_as_fts5(monkeypatch):
+    # one project among many: its few rows are listed through the claims_scope index
+    # instead of checking nearly every match of the subject by rowid
+    rng = random.Random(7)
+    db = apsw.Connection(":memory:")
+    db.execute(DDL)
+    with db:
+        for i in range(2000):
+            insert_claim(db, f"clm_{i:06d}", _statement(rng) + " deploy", org_id="org", subject_id="s1",
+                         project_id="rare" if i % 97 == 0 else f"p{i % 40}", workspace_id=None,
+                         visibility="organization", owner_id="u1", kind="semantic_fact", confidence=0.9,
+                         trust="observed", trust_level=1, valid_from=TIMES[0], valid_to=None, created_at=TIMES[0],
+                         created_s=0.0, entry_id="e", base_status="active", status="active", indexed=1)
+        db.execute("INSERT INTO claims_fts(rowid, statement) SELECT rowid, statement FROM claims")
+        lexical.build_lexical_index(db)
+    listed = []
+    original = query._Scope.take
+    monkeypatch.setattr(query._Scope, "take", lambda self, rows: (listed.append(self), original(self, rows))[1])
+    scope = CompileScope(Principal("org", "u1", "key", frozenset({"context:compile"}), ()), "s1", "rare", TIMES[1])
+    plan = plan_query("deploy smoke")
+    where, params = scope.where()
+    expected = fts_candidates(db, where, params, plan.match, 200)
+    got = lexical.top_candidates(db, "s1", reader_tags(scope.principal), where, params, plan.terms, 200, scope.narrow())
+    assert len(expected) == 21 and got == expected
+    assert len(listed) == 1  # every match decided by one listing
 
 
 def test_repeated_and_stemmed_terms_count_per_phrase():

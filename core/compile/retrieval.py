@@ -43,6 +43,19 @@ class CompileScope:
             params.insert(2, self.project_id)
         return " AND ".join(clauses), params
 
+    def narrow(self) -> tuple[str, list, str, list] | None:
+        """For a project scope: its size and its rows through the
+        ``claims_scope`` index (subject, status, project), the candidate
+        step's way round checking every match of the subject one by one
+        (``core.lexical.top_candidates``); None without a project."""
+        if self.project_id is None:
+            return None
+        where, params = self.where()
+        count = (f"SELECT count(*) FROM claims c INDEXED BY claims_scope WHERE c.subject_id = ?"
+                 f" AND c.status IN {COMPILABLE_SQL} AND c.project_id = ?")
+        rows = f"SELECT c.rowid, c.claim_id FROM claims c INDEXED BY claims_scope WHERE {where}"
+        return count, [self.subject_id, self.project_id], rows, params
+
 
 def lexical_candidates(snapshot: Snapshot, scope: CompileScope, plan: QueryPlan) -> list[tuple[int, float]]:
     """Step 2: (rowid, bm25) of the best in-scope FTS5 matches, best first.
@@ -52,7 +65,7 @@ def lexical_candidates(snapshot: Snapshot, scope: CompileScope, plan: QueryPlan)
     every match; when they cannot guarantee that, the FTS5 query runs."""
     where, params = scope.where()
     fast = top_candidates(snapshot.db, scope.subject_id, reader_tags(scope.principal), where, params, plan.terms,
-                          MAX_CANDIDATES)
+                          MAX_CANDIDATES, scope.narrow())
     return fast if fast is not None else fts_candidates(snapshot.db, where, params, plan.match)
 
 

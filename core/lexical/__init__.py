@@ -82,7 +82,8 @@ __all__ = ["B", "FTS_DDL", "FTS_TOKENIZER", "FTS_TOKENIZER_ARGS", "K1", "LEX_VER
            "top_candidates", "update_lexical_index"]
 
 
-def top_candidates(db, subject_id: str, readers, where: str, params: list, terms, k: int = 200):
+def top_candidates(db, subject_id: str, readers, where: str, params: list, terms, k: int = 200,
+                   narrow: "tuple[str, list, str, list] | None" = None):
     """(rowid, bm25) of the k best in-scope matches of '"t1" OR "t2" ...', best
     first, equal to the FTS5 candidate query; None when the lex tables cannot
     answer exactly (the caller then runs the FTS5 query).
@@ -90,9 +91,12 @@ def top_candidates(db, subject_id: str, readers, where: str, params: list, terms
     ``where``/``params`` are the scope predicate over alias ``c`` (as built by
     ``CompileScope.where``); ``subject_id`` is the subject that predicate pins
     and ``readers`` the caller's ``core.scope.reader_tags``: only their lists
-    are read.
+    are read. ``narrow`` (``CompileScope.narrow``): a count and a listing of
+    the scope's rows through an index, for a scope the postings do not split
+    on (a project), taken when it holds fewer rows than are left to check.
     How this platform's FTS5 adds the phrases is the probe's answer."""
     mode = probe.phrase_count_mode(len(terms))
     if mode is None:
         return None
-    return query._top_candidates(db, subject_id, readers, where, params, terms, k, fused_last=mode == "fused")
+    return query._top_candidates(db, subject_id, readers, where, params, terms, k, fused_last=mode == "fused",
+                                 narrow=narrow)
