@@ -57,12 +57,14 @@ def visibility_sql(principal: Principal, alias: str = "c") -> tuple[str, list]:
     return "(" + " OR ".join(parts) + ")", params
 
 
-def readable_evidence(principal: Principal, evidence_json: str) -> list[tuple[str, str]]:
+def readable_evidence(principal: Principal, evidence_json: "str | list") -> list[tuple[str, str]]:
     """(observation_id, relation) of a claim's sources this principal may
     read; ``evidence_json`` is the claim's stored evidence list
-    (``core.snapshot.projections``: id, relation, visibility, workspace, owner)."""
+    (``core.snapshot.projections``: id, relation, visibility, workspace, owner),
+    as stored or already parsed."""
     out = []
-    for observation_id, relation, visibility, workspace_id, owner_id in json.loads(evidence_json):
+    entries = json.loads(evidence_json) if isinstance(evidence_json, str) else evidence_json
+    for observation_id, relation, visibility, workspace_id, owner_id in entries:
         if visibility is not None and can_read(principal, visibility, workspace_id, owner_id):
             out.append((observation_id, relation))
     return out

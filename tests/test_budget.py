@@ -168,7 +168,7 @@ def test_every_context_id_costs_15_to_22_tokens(api):
 def test_counts_stored_with_another_tokenizer_are_never_trusted_and_the_next_build_replays(api, monkeypatch):
     import core.snapshot.build
     import core.snapshot.projections
-    from core.budget.tokens import TOKENIZER_ID
+    from core.snapshot.schema import ITEM_COUNTS
 
     key = api.key()
     for i in range(12):
@@ -176,7 +176,7 @@ def test_counts_stored_with_another_tokenizer_are_never_trusted_and_the_next_bui
                                              "once the error budget holds.", "kind": CLAIM_KINDS[i % 6],
                                 "confidence": 0.9})
     # a snapshot built by a process whose tokenizer counted every prefix as 1 token
-    monkeypatch.setattr(core.snapshot.build, "TOKENIZER_ID", "other_tokenizer:0")
+    monkeypatch.setattr(core.snapshot.build, "ITEM_COUNTS", "other_tokenizer:0")
     monkeypatch.setattr(core.snapshot.projections, "count_tokens_batch", lambda texts: [1] * len(texts))
     api.rebuild(key)
     assert api.service.reader.current("acme").meta["item_tokenizer"] == "other_tokenizer:0"
@@ -189,4 +189,4 @@ def test_counts_stored_with_another_tokenizer_are_never_trusted_and_the_next_bui
     api.service.builder_progress = messages.append
     api.observe(key, claim={"statement": "One more rollout rule.", "kind": "procedural", "confidence": 0.9})
     api.rebuild(key)
-    assert api.service.reader.current("acme").meta["item_tokenizer"] == TOKENIZER_ID
+    assert api.service.reader.current("acme").meta["item_tokenizer"] == ITEM_COUNTS

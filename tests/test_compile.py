@@ -5,6 +5,8 @@ import json
 
 import pytest
 
+from core.domain import CLAIM_KINDS
+
 STATEMENT = "Deploy smoke must pass before release."
 
 
@@ -286,3 +288,51 @@ def test_a_reader_dependent_item_is_built_once_a_generation_for_what_its_reader_
     again = api.compile(key, "deploy smoke checks", max_tokens=4000).json()["data"]
     assert built == []
     assert again["items"] == first["items"]
+
+
+def _counting_items(monkeypatch) -> list:
+    """Every text compile's catalog counts while building item views."""
+    import core.compile.catalog as catalog
+    counted = []
+    original = catalog.count_tokens
+    monkeypatch.setattr(catalog, "count_tokens", lambda text: (counted.append(text), original(text))[1])
+    return counted
+
+
+def _exact(data: dict) -> bool:
+    from core.budget.items import dumps
+    from core.budget.tokens import count_tokens
+    return data["budget"]["used_tokens"] == sum(count_tokens(dumps(item)) for item in data["items"])
+
+
+def test_the_owner_of_private_claims_gets_the_counts_the_build_stored(api, monkeypatch):
+    # the build counts a private item as its owner, who sees all its evidence, sees it
+    key = api.key()
+    for n in range(8):
+        api.observe(key, visibility="private", content=f"deploy note {n}",
+                    claim={"statement": f"Deploy step {n} runs the smoke checks.", "kind": CLAIM_KINDS[n % 6],
+                           "confidence": 0.9})
+    api.rebuild(key)
+    counted = _counting_items(monkeypatch)
+    data = api.compile(key, "deploy smoke checks", max_tokens=4000).json()["data"]
+    assert len(data["items"]) == 8 and _exact(data)
+    assert counted == []
+
+
+def test_a_reader_who_sees_less_evidence_than_the_build_counted_is_counted_at_compile(api, monkeypatch):
+    alice, bob = api.key(principal="alice"), api.key(principal="bob")
+    public = api.observe(alice, visibility="organization")
+    secret = api.observe(alice, visibility="private", content="Smoke failed in my private run.")
+    api.post("/v1/consolidations", {"subject_id": "user_rama", "claims": [
+        {"statement": "deploy smoke passes", "kind": "semantic_fact", "confidence": 0.9, "sources": [
+            {"observation_id": public["observation_id"], "relation": "supports"},
+            {"observation_id": secret["observation_id"], "relation": "contradicts"}]}]}, alice)
+    api.rebuild(alice)
+    counted = _counting_items(monkeypatch)
+    seen_by_alice = api.compile(alice, "deploy smoke").json()["data"]
+    by_alice = len(counted)
+    seen_by_bob = api.compile(bob, "deploy smoke").json()["data"]
+    assert _exact(seen_by_alice) and _exact(seen_by_bob)
+    assert seen_by_bob["items"][0]["evidence_ids"] == [public["observation_id"]]
+    # alice's prefix was stored (only her conflict entry is counted); bob's is counted here
+    assert len(counted) - by_alice == 1 and by_alice == 1

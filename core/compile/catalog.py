@@ -74,23 +74,30 @@ class ClaimFacts(ClaimSignals):
     reader of a generation; ranking hands it back as ``Ranked.signals``.
     The row itself is kept only when the claim looks different to different
     readers (some evidence is not organization-visible: ``prefix_tokens`` is
-    None), since its view and its dispute are then worked out per reader."""
+    None), since its view and its dispute are then worked out per reader;
+    ``full_tokens`` is then the count the build stored for a reader who sees
+    all its evidence (None when it stored none)."""
     rowid: int
     kind: str
     prefix_tokens: int | None
     disputed: bool
     dispute_public: bool
     row: tuple | None
+    full_tokens: int | None
 
     @classmethod
     def of_fields(cls, fields: tuple, row: tuple | None) -> "ClaimFacts":
-        """``fields``: the claim's FACT_FIELDS; ``row``: its full row
-        (CLAIM_FIELDS), needed only when ``prefix_tokens`` is None."""
+        """``fields``: the claim's FACT_FIELDS, its stored count negated when
+        reader-dependent (core.snapshot.schema.ITEM_COUNTS) or None when
+        not to be trusted; ``row``: its full row (CLAIM_FIELDS), needed only
+        when the claim is reader-dependent."""
         (rowid, claim_id, kind, confidence, trust_level, created_s, total, positive, negative, disputed,
-         dispute_public, prefix_tokens) = fields
+         dispute_public, stored) = fields
+        shared = stored is not None and stored >= 0
         return cls.of(claim_id, confidence, trust_level, created_s, total, positive, negative, rowid,
                       sys.intern(kind),  # six kinds: one string each, not one per cached claim
-                      prefix_tokens, bool(disputed), bool(dispute_public), row if prefix_tokens is None else None)
+                      stored if shared else None, bool(disputed), bool(dispute_public),
+                      None if shared else row, -stored if stored is not None and stored < 0 else None)
 
     def disputed_for(self, principal: Principal) -> bool:
         """``core.scope.disputed_for``: the evidence list is only read when
@@ -166,7 +173,7 @@ class Catalog:
             if not snapshot.item_tokens_trusted:
                 # counted with another tokenizer (or none): every item is priced here
                 found = [fields[:-1] + (None,) for fields in found]
-            per_reader = [f[0] for f in found if f[-1] is None]  # prefix_tokens None
+            per_reader = [f[0] for f in found if f[-1] is None or f[-1] < 0]  # not shared by every reader
             rows = {row[COL["rowid"]]: row for row in hydrate(snapshot, scope, per_reader)} if per_reader else {}
             new = [ClaimFacts.of_fields(fields, rows.get(fields[0])) for fields in found]
             self.facts.put_all(((f.rowid, f) for f in new), len(new))
@@ -180,11 +187,15 @@ class Catalog:
         per generation and kept; its row (``row``, or read here) comes
         through the same scoped query."""
         if facts.row is not None:  # evidence not all organization-visible: per reader
-            evidence = readable_evidence(scope.principal, facts.row[COL["evidence_json"]])
+            stored = json.loads(facts.row[COL["evidence_json"]])
+            evidence = readable_evidence(scope.principal, stored)
             seen = (facts.claim_id, disputed, tuple(evidence))
             view = self.reader_views.get(seen)
             if view is None:
-                view = ItemView.build(facts.row, evidence, disputed)
+                # a reader who sees all the evidence (its owner, its workspace)
+                # sees the item the build counted; one who sees less is counted here
+                full = facts.full_tokens if len(evidence) == len(stored) else None
+                view = ItemView.build(facts.row, evidence, disputed, full)
                 self.reader_views.put_all([(seen, view)], 1)
             return view
         view = self.views.get(facts.claim_id)

@@ -42,7 +42,6 @@ from typing import Callable
 
 import apsw
 
-from core.budget.tokens import TOKENIZER_ID
 from core.errors import Unavailable
 from core.lexical.words import WORDS_ID
 from core.ids import uuid7_floor_hex, uuid7_ms
@@ -62,7 +61,7 @@ from core.snapshot.chain import ChainBroken, fetch_whole
 from core.snapshot.delta_policy import DeltaPolicy
 from core.snapshot.pointer import full_of
 from core.snapshot.publish import publish, publish_delta
-from core.snapshot.schema import DDL, SCHEMA_VERSION
+from core.snapshot.schema import DDL, ITEM_COUNTS, SCHEMA_VERSION
 from core.snapshot.workfiles import WorkFile
 from core.storage import Store
 
@@ -393,11 +392,11 @@ class SnapshotBuilder:
             self._replay_because(f"previous generation {pointer['generation']} has another schema")
             os.unlink(work)
             pointer = None
-        if pointer is not None and file_meta(work, "item_tokenizer") != TOKENIZER_ID:
-            # Its stored item counts were made with another tokenizer: every
-            # claim is priced again, from the ledger.
+        if pointer is not None and file_meta(work, "item_tokenizer") != ITEM_COUNTS:
+            # Its stored item counts were made with another tokenizer, or
+            # count other items: every claim is priced again, from the ledger.
             self._replay_because(f"previous generation {pointer['generation']} counted tokens with "
-                                 "another tokenizer")
+                                 "another tokenizer or of other items")
             os.unlink(work)
             pointer = None
         if pointer is not None and file_meta(work, "index_words") != WORDS_ID:
@@ -416,7 +415,7 @@ class SnapshotBuilder:
             with db:
                 db.execute(DDL)
                 write_meta(db, org_id=self.org_id, schema_version=SCHEMA_VERSION, watermark="",
-                           item_tokenizer=TOKENIZER_ID, index_words=WORDS_ID)
+                           item_tokenizer=ITEM_COUNTS, index_words=WORDS_ID)
         else:
             # the base file stays as published until the checkpoint: every
             # change is a WAL frame (core/snapshot/wal.py); the WAL index in

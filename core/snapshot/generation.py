@@ -18,9 +18,9 @@ from typing import Callable, Iterator
 
 import apsw
 
-from core.budget.tokens import TOKENIZER_ID
 from core.instants import now_utc, parse_instant
 from core.lexical import forget
+from core.snapshot.schema import ITEM_COUNTS
 
 # Beyond two cores' worth of readers a further connection only adds page
 # cache: requests beyond it wait (each holds one for a few milliseconds).
@@ -123,9 +123,9 @@ class Snapshot:
     @property
     def item_tokens_trusted(self) -> bool:
         """Whether the item counts stored at build were made with this
-        process's tokenizer (name and merge-table hash); if not, compile
-        counts every item itself."""
-        return self.meta.get("item_tokenizer") == TOKENIZER_ID
+        process's tokenizer (name and merge-table hash) and count what it
+        expects (``ITEM_COUNTS``); if not, compile counts every item itself."""
+        return self.meta.get("item_tokenizer") == ITEM_COUNTS
 
     @property
     def claim_count(self) -> int:

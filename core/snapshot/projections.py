@@ -63,11 +63,15 @@ def refresh_projections(db: apsw.Connection, claim_ids: Iterable[str],
                 negative += 1
         should_index = int(status not in TERMINAL_STATUSES)
         prefix = None
-        if should_index and all(e[2] == "organization" for e in evidence):
-            # every reader sees this item alike: count its prefix once, here
+        if should_index:
+            # the item as a reader who sees all its evidence sees it, counted
+            # once here: every reader when the evidence is all organization-
+            # visible; else its owner or its workspace, mostly (stored negated:
+            # another reader, who sees less, is counted at compile)
             prefix = item_prefix(item_fields(
                 claim_id, statement, kind, confidence, trust, status, observer_id, valid_from, valid_to,
                 sorted({e[0] for e in evidence})))
+            uniform = all(e[2] == "organization" for e in evidence)
         if should_index and not indexed:
             db.execute("INSERT INTO claims_fts(rowid, statement) VALUES(?, ?)", (rowid, index_text(statement)))
             if lexical is not None:
@@ -77,7 +81,8 @@ def refresh_projections(db: apsw.Connection, claim_ids: Iterable[str],
             if lexical is not None:
                 lexical.deleted(rowid, subject_id, reader, statement)
         pending.append((base_status, status, version, superseded_by, disputed, dispute_public, total, positive,
-                        negative, json.dumps(evidence, separators=(",", ":")), should_index, prefix, rowid))
+                        negative, json.dumps(evidence, separators=(",", ":")), should_index,
+                        None if prefix is None else (prefix, uniform), rowid))
         if len(pending) >= PRICE_BATCH:
             _write_projections(db, pending)
             pending = []
@@ -90,10 +95,10 @@ PRICE_BATCH = 4096
 def _write_projections(db: apsw.Connection, pending: list[tuple]) -> None:
     if not pending:
         return
-    texts = [p[11] for p in pending if p[11] is not None]
+    texts = [p[11][0] for p in pending if p[11] is not None]
     counts = iter(count_tokens_batch(texts))
     db.executemany(
         "UPDATE claims SET base_status=?, status=?, version=?, superseded_by=?, disputed=?, dispute_public=?,"
         " feedback_total=?, feedback_positive=?, feedback_negative=?, evidence_json=?, indexed=?,"
         " prefix_tokens=? WHERE rowid=?",
-        [p[:11] + (None if p[11] is None else next(counts), p[12]) for p in pending])
+        [p[:11] + (None if p[11] is None else next(counts) * (1 if p[11][1] else -1), p[12]) for p in pending])

@@ -16,6 +16,7 @@ status can still be compiled (active, disputed); superseded, expired and
 revoked claims are deleted from it, so they never count in BM25 statistics.
 """
 
+from core.budget.tokens import TOKENIZER_ID
 from core.lexical import FTS_DDL
 
 # Bump on any change to DDL, or to what a table holds (6: claims_fts holds
@@ -23,6 +24,15 @@ from core.lexical import FTS_DDL
 # stemmed, core.lexical.words): older snapshots are then replayed, never
 # served.
 SCHEMA_VERSION = 6
+
+# What the stored item counts (claims.prefix_tokens) are, recorded as the
+# snapshot's ``item_tokenizer``: the tokenizer, and since "all-evidence"
+# every compilable item counted as a reader who sees all its evidence sees
+# it, negated when other readers may see less. A snapshot recorded with
+# another value is replayed by the next build, and meanwhile served with
+# every item counted at compile: so is one of these by code that predates
+# them, which would otherwise read a negated count as a count.
+ITEM_COUNTS = f"{TOKENIZER_ID};all-evidence"
 
 DDL = """
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
@@ -60,8 +70,9 @@ CREATE TABLE claims(
   feedback_positive INTEGER NOT NULL DEFAULT 0,
   feedback_negative INTEGER NOT NULL DEFAULT 0,
   evidence_json TEXT NOT NULL DEFAULT '[]',
-  -- compile's estimate of the item's serialized prefix (every field but the
-  -- score), for claims every reader sees alike; NULL when reader-dependent
+  -- the real count of the item's serialized prefix (every field but the
+  -- score) as a reader who sees all its evidence sees it: negated when
+  -- reader-dependent (ITEM_COUNTS); NULL when not compilable
   prefix_tokens INTEGER,
   indexed INTEGER NOT NULL DEFAULT 0
 );
