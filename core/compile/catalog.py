@@ -120,7 +120,8 @@ class ItemView:
     def build(cls, row: tuple, evidence: list[tuple[str, str]], disputed: bool,
               prefix_tokens: int | None = None) -> "ItemView":
         """``prefix_tokens``: the prefix's count stored at build, when this
-        reader sees the item as every reader does (else it is counted here)."""
+        reader sees the item as the build counted it (all its evidence);
+        else it is counted here."""
         claim_id = row[COL["claim_id"]]
         fields = item_fields(claim_id, row[COL["statement"]], row[COL["kind"]], row[COL["confidence"]],
                              row[COL["trust"]], reported_status(row[COL["status"]], disputed),

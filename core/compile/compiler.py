@@ -38,10 +38,11 @@ log = logging.getLogger("titen")
 class ReaderCandidate:
     """A candidate whose item looks different to different readers (some of
     its evidence is not organization-visible, the default for a private
-    memory), so its count is not stored at build: its view is built, and its
-    prefix counted, only when the packer first asks. The packer skips most
-    candidates on kind alone (three a kind), so a compile prices the few it
-    reaches, not all 200 (each count is a tokenization of the item's text)."""
+    memory): its view is worked out for this reader, only when the packer
+    first asks (``Catalog.view``: the count the build stored when this reader
+    sees all the evidence, else a tokenization here). The packer skips most
+    candidates on kind alone (three a kind), so a compile builds views for
+    the few it reaches, not for all 200."""
     __slots__ = ("facts", "scored", "_catalog", "_scope", "_view")
 
     def __init__(self, facts: ClaimFacts, scored: Ranked, catalog: Catalog, scope: CompileScope):

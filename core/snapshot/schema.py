@@ -19,7 +19,7 @@ revoked claims are deleted from it, so they never count in BM25 statistics.
 from core.budget.tokens import TOKENIZER_ID
 from core.lexical import FTS_DDL
 
-# Bump on any change to DDL, or to what a table holds (6: claims_fts holds
+# Bump on any change to DDL (its comments aside), or to what a table holds (6: claims_fts holds
 # statements with CJK runs as bigrams and Cyrillic, Greek and Arabic words
 # stemmed, core.lexical.words): older snapshots are then replayed, never
 # served.
