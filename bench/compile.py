@@ -17,6 +17,7 @@ Every compile appends a context run to the ledger (the ``record`` stage), as
 in production: each run adds 220 small files under the store's ledger.
 
     .venv/bin/python -m bench.compile --sizes 10000,50000
+    .venv/bin/python -m bench.compile --sizes 50000 --at 2000-01-01T00:00:00Z   # nothing in scope
 
 Results are printed and merged (by size) into
 ``bench/results/compile-inprocess.json``.
@@ -35,11 +36,12 @@ from bench import common
 
 STAGES = ("plan", "candidates", "hydrate", "rank", "pack", "record")
 RESULTS_FILE = common.RESULTS_DIR / "compile-inprocess.json"
+AT_RESULTS_FILE = common.RESULTS_DIR / "compile-inprocess-at.json"
 
 
-def run_size(n: int, workload: dict, *, progress=common.log) -> dict:
+def run_size(n: int, workload: dict, *, progress=common.log, at: str | None = None) -> dict:
     from core.config import Settings
-    from core.instants import canonical, now_utc
+    from core.instants import canonical, now_utc, parse_instant
     from core.compile.planning import plan_query
     from core.compile.retrieval import MAX_CANDIDATES, CompileScope, fts_candidates, lexical_candidates
     from core.service import Service
@@ -60,8 +62,10 @@ def run_size(n: int, workload: dict, *, progress=common.log) -> dict:
                          f"`python -m bench.common build --sizes {n} --force`")
     try:
         def compile_one(task: str):
-            return service.compiler.compile(principal, {"subject_id": subject, "task": task,
-                                                        "max_tokens": max_tokens})
+            body = {"subject_id": subject, "task": task, "max_tokens": max_tokens}
+            if at is not None:
+                body["at"] = at
+            return service.compiler.compile(principal, body)
 
         progress(f"n={n}: {len(workload['warmup_tasks'])} warm-up compiles")
         for task in workload["warmup_tasks"]:
@@ -84,7 +88,7 @@ def run_size(n: int, workload: dict, *, progress=common.log) -> dict:
         # same scope and MATCH as compile builds, and the candidate step compile
         # actually runs (precomputed postings summed with numpy, exact, FTS5 as the fallback).
         progress(f"n={n}: bare FTS5 candidate queries")
-        scope = CompileScope(principal, subject, None, canonical(now_utc()))
+        scope = CompileScope(principal, subject, None, canonical(parse_instant(at) if at else now_utc()))
         where, params = scope.where()
         plans = [plan_query(t) for t in workload["tasks"]]
         for task in workload["warmup_tasks"]:
@@ -123,6 +127,7 @@ def run_size(n: int, workload: dict, *, progress=common.log) -> dict:
     fts_summary = common.summary_ms(fts)
     return {
         "claims": n,
+        "at": at,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "build": {k: build.get(k) for k in ("cached", "import_reused", "rebuild_reused", "built_at", "rebuilt_at",
                                              "rebuild_from_scratch", "import_s", "rebuild_s", "build_s",
@@ -189,15 +194,18 @@ def print_tables(results: list[dict], env: dict) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="in-process compile p50/p95/p99 on the reference workload")
     parser.add_argument("--sizes", default="10000,50000", help="comma list of corpus sizes (1000, 10000, 50000, …)")
-    parser.add_argument("--out", default=str(RESULTS_FILE))
+    parser.add_argument("--out", help=f"results file (default {RESULTS_FILE.name}, or {AT_RESULTS_FILE.name} with --at)")
+    parser.add_argument("--at", help="compile every task as of this instant (e.g. 2000-01-01T00:00:00Z, before all "
+                                     "of the workload's memory: nothing is in scope)")
     args = parser.parse_args(argv)
     sizes = common.parse_sizes(args.sizes)
     workload = common.load_workload()
     env = common.environment(workload)
-    results = [run_size(n, workload) for n in sizes]
+    out = args.out or str(AT_RESULTS_FILE if args.at else RESULTS_FILE)
+    results = [run_size(n, workload, at=args.at) for n in sizes]
     print_tables(results, env)
-    common.write_results(Path(args.out), "compile-inprocess", [{**r, "environment": env} for r in results])
-    print(f"wrote {args.out}")
+    common.write_results(Path(out), "compile-inprocess", [{**r, "environment": env} for r in results])
+    print(f"wrote {out}")
     return 0
 
 

@@ -92,7 +92,7 @@ def _answers_as_fts5(db, rng, *, tries: int, k: int) -> int:
         where, params = scope.where()
         expected = fts_candidates(db, where, params, plan.match, k)
         assert lexical.top_candidates(db, scope.subject_id, reader_tags(scope.principal), where, params, plan.terms,
-                                      k, scope.narrow()) == expected
+                                      k, scope.narrowers()) == expected
         checked += 1
     return checked
 
@@ -113,7 +113,7 @@ def test_equals_fts5_query(seed):
         where, params = scope.where()
         expected = fts_candidates(db, where, params, plan.match, k)
         # the project's rows listed through its index, or every match checked: the same answer
-        for narrow in (None, scope.narrow()):
+        for narrow in (None, scope.narrowers()):
             got = lexical.top_candidates(db, scope.subject_id, reader_tags(scope.principal), where, params,
                                          plan.terms, k, narrow)
             if got is None:  # this platform's FTS5 sums this many phrases its own way: FTS5 answers
@@ -125,31 +125,91 @@ def test_equals_fts5_query(seed):
     assert checked > 30
 
 
-def test_a_rare_project_is_answered_from_its_listed_rows_exactly_as_fts5(monkeypatch):
-    # one project among many: its few rows are listed through the claims_scope index
-    # instead of checking nearly every match of the subject by rowid
-    rng = random.Random(7)
+def _one_subject(rng: random.Random, n: int, row) -> apsw.Connection:
+    """``n`` organization-visible claims of subject s1, all holding "deploy";
+    ``row(i)`` gives claim i's project and validity window."""
     db = apsw.Connection(":memory:")
     db.execute(DDL)
     with db:
-        for i in range(2000):
+        for i in range(n):
+            project_id, valid_from, valid_to = row(i)
             insert_claim(db, f"clm_{i:06d}", _statement(rng) + " deploy", org_id="org", subject_id="s1",
-                         project_id="rare" if i % 97 == 0 else f"p{i % 40}", workspace_id=None,
-                         visibility="organization", owner_id="u1", kind="semantic_fact", confidence=0.9,
-                         trust="observed", trust_level=1, valid_from=TIMES[0], valid_to=None, created_at=TIMES[0],
-                         created_s=0.0, entry_id="e", base_status="active", status="active", indexed=1)
+                         project_id=project_id, workspace_id=None, visibility="organization", owner_id="u1",
+                         kind="semantic_fact", confidence=0.9, trust="observed", trust_level=1,
+                         valid_from=valid_from, valid_to=valid_to, created_at=TIMES[0], created_s=0.0,
+                         entry_id="e", base_status="active", status="active", indexed=1)
         db.execute("INSERT INTO claims_fts(rowid, statement) SELECT rowid, statement FROM claims")
         lexical.build_lexical_index(db)
+    return db
+
+
+def _listings(monkeypatch) -> list:
     listed = []
     original = query._Scope.take
     monkeypatch.setattr(query._Scope, "take", lambda self, rows: (listed.append(self), original(self, rows))[1])
-    scope = CompileScope(Principal("org", "u1", "key", frozenset({"context:compile"}), ()), "s1", "rare", TIMES[1])
+    return listed
+
+
+U1 = Principal("org", "u1", "key", frozenset({"context:compile"}), ())
+
+
+def test_a_rare_project_is_answered_from_its_listed_rows_exactly_as_fts5(monkeypatch):
+    # one project among many: its few rows are listed through the claims_scope index
+    # instead of checking nearly every match of the subject by rowid
+    db = _one_subject(random.Random(7), 2000,
+                      lambda i: ("rare" if i % 97 == 0 else f"p{i % 40}", TIMES[0], None))
+    listed = _listings(monkeypatch)
+    scope = CompileScope(U1, "s1", "rare", TIMES[1])
     plan = plan_query("deploy smoke")
     where, params = scope.where()
     expected = fts_candidates(db, where, params, plan.match, 200)
-    got = lexical.top_candidates(db, "s1", reader_tags(scope.principal), where, params, plan.terms, 200, scope.narrow())
+    got = lexical.top_candidates(db, "s1", reader_tags(scope.principal), where, params, plan.terms, 200,
+                                 scope.narrowers())
     assert len(expected) == 21 and got == expected
     assert len(listed) == 1  # every match decided by one listing
+
+
+# (valid_from, valid_to) of claim i, the task's `at`, and how many claims are valid then
+FEW_VALID_AT = {
+    "at before nearly all of the subject's memory":
+        (lambda i: (TIMES[0] if i % 97 == 0 else TIMES[2], None), TIMES[1], 21),
+    "a subject whose claims have nearly all lapsed":
+        (lambda i: (TIMES[0], None if i % 97 == 0 else TIMES[1]), TIMES[2], 21),
+}
+
+
+@pytest.mark.parametrize("case", FEW_VALID_AT)
+def test_few_rows_valid_at_the_tasks_time_are_answered_from_their_listing_exactly_as_fts5(monkeypatch, case):
+    # the rows valid at `at` are listed through the claims_valid index instead
+    # of checking every match of the subject by rowid (120 ms at 50k)
+    window, at, valid = FEW_VALID_AT[case]
+    db = _one_subject(random.Random(7), 2000, lambda i: (None, *window(i)))
+    listed = _listings(monkeypatch)
+    scope = CompileScope(U1, "s1", None, at)
+    plan = plan_query("deploy smoke")
+    where, params = scope.where()
+    expected = fts_candidates(db, where, params, plan.match, 200)
+    got = lexical.top_candidates(db, "s1", reader_tags(scope.principal), where, params, plan.terms, 200,
+                                 scope.narrowers())
+    assert len(expected) == valid and got == expected
+    assert len(listed) == 1
+
+
+def test_a_snapshot_built_before_claims_valid_checks_every_match_and_answers_the_same(monkeypatch):
+    # a generation built before the index was added (LATER_INDEXES) lacks it:
+    # the listing through it is passed over, never an error
+    window, at, valid = FEW_VALID_AT["at before nearly all of the subject's memory"]
+    db = _one_subject(random.Random(7), 2000, lambda i: (None, *window(i)))
+    db.execute("DROP INDEX claims_valid")
+    listed = _listings(monkeypatch)
+    scope = CompileScope(U1, "s1", None, at)
+    plan = plan_query("deploy smoke")
+    where, params = scope.where()
+    expected = fts_candidates(db, where, params, plan.match, 200)
+    got = lexical.top_candidates(db, "s1", reader_tags(scope.principal), where, params, plan.terms, 200,
+                                 scope.narrowers())
+    assert len(expected) == valid and got == expected
+    assert listed == []
 
 
 def test_repeated_and_stemmed_terms_count_per_phrase():

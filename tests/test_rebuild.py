@@ -216,6 +216,34 @@ def test_a_snapshot_indexed_with_other_word_rules_is_replayed_not_extended(store
     assert _claim_ids(store, tmp_path) == ids
 
 
+def test_an_incremental_build_adds_an_index_its_base_was_built_without(store, tmp_path, monkeypatch):
+    """LATER_INDEXES: a generation built before an index was added is
+    extended, not replayed, and gains the index."""
+    import apsw
+    import core.snapshot.build
+    from core.snapshot.schema import DDL, LATER_INDEXES
+    ids = {_write(store, "acme", f"fact {i}") for i in range(4)}
+    monkeypatch.setattr(core.snapshot.build, "DDL", DDL.replace(LATER_INDEXES, ""))
+    _builder(store, tmp_path).rebuild()
+    monkeypatch.undo()
+
+    def indexes():
+        pointer, _ = read_pointer(store, "acme")
+        path = str(tmp_path / f"check-{pointer['generation']}.sqlite")
+        store.download_file(pointer["snapshot_key"], path)
+        db = apsw.Connection(path)
+        names = {name for name, in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        db.close()
+        return names
+
+    assert "claims_valid" not in indexes()
+    ids.add(_write(store, "acme", "new"))
+    result = _builder(store, tmp_path).rebuild()
+    assert result.entries_applied == 1 and not result.notes  # extended, not replayed
+    assert "claims_valid" in indexes()
+    assert _claim_ids(store, tmp_path) == ids
+
+
 def test_a_reader_refuses_a_generation_of_another_schema_version(store, tmp_path, monkeypatch):
     import core.snapshot.reader
     from core.snapshot.reader import SnapshotReader

@@ -43,18 +43,33 @@ class CompileScope:
             params.insert(2, self.project_id)
         return " AND ".join(clauses), params
 
-    def narrow(self) -> tuple[str, list, str, list] | None:
-        """For a project scope: its size and its rows through the
-        ``claims_scope`` index (subject, status, project), the candidate
-        step's way round checking every match of the subject one by one
-        (``core.lexical.top_candidates``); None without a project."""
-        if self.project_id is None:
-            return None
+    def narrowers(self) -> list[tuple[str, str, list, str, list]]:
+        """Ways to list this scope's rows through an index, for the candidate
+        step to take when they are fewer than the matches it has left to
+        check one by one by rowid (``core.lexical.top_candidates``): each is
+        (index, count SQL ending in ``LIMIT ?``, its params, listing SQL, its
+        params). The count is a size to compare, not the scope: the listing
+        runs the whole predicate.
+
+        - a project, through ``claims_scope`` (subject, status, project): the
+          postings are split by subject and reader, not by project;
+        - the rows valid at ``at``, through ``claims_valid`` (subject,
+          valid_from, valid_to): few when ``at`` lies before most of the
+          subject's memory or after most of it has lapsed."""
         where, params = self.where()
-        count = (f"SELECT count(*) FROM claims c INDEXED BY claims_scope WHERE c.subject_id = ?"
-                 f" AND c.status IN {COMPILABLE_SQL} AND c.project_id = ?")
-        rows = f"SELECT c.rowid, c.claim_id FROM claims c INDEXED BY claims_scope WHERE {where}"
-        return count, [self.subject_id, self.project_id], rows, params
+        found = []
+        if self.project_id is not None:
+            found.append(("claims_scope",
+                          f"SELECT count(*) FROM (SELECT 1 FROM claims c INDEXED BY claims_scope WHERE"
+                          f" c.subject_id = ? AND c.status IN {COMPILABLE_SQL} AND c.project_id = ? LIMIT ?)",
+                          [self.subject_id, self.project_id],
+                          f"SELECT c.rowid, c.claim_id FROM claims c INDEXED BY claims_scope WHERE {where}", params))
+        found.append(("claims_valid",
+                      "SELECT count(*) FROM (SELECT 1 FROM claims c INDEXED BY claims_valid WHERE c.subject_id = ?"
+                      " AND c.valid_from <= ? AND (c.valid_to IS NULL OR c.valid_to > ?) LIMIT ?)",
+                      [self.subject_id, self.at, self.at],
+                      f"SELECT c.rowid, c.claim_id FROM claims c INDEXED BY claims_valid WHERE {where}", params))
+        return found
 
 
 def lexical_candidates(snapshot: Snapshot, scope: CompileScope, plan: QueryPlan) -> list[tuple[int, float]]:
@@ -65,7 +80,7 @@ def lexical_candidates(snapshot: Snapshot, scope: CompileScope, plan: QueryPlan)
     every match; when they cannot guarantee that, the FTS5 query runs."""
     where, params = scope.where()
     fast = top_candidates(snapshot.db, scope.subject_id, reader_tags(scope.principal), where, params, plan.terms,
-                          MAX_CANDIDATES, scope.narrow())
+                          MAX_CANDIDATES, scope.narrowers())
     return fast if fast is not None else fts_candidates(snapshot.db, where, params, plan.match)
 
 

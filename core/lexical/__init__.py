@@ -83,7 +83,7 @@ __all__ = ["B", "FTS_DDL", "FTS_TOKENIZER", "FTS_TOKENIZER_ARGS", "K1", "LEX_VER
 
 
 def top_candidates(db, subject_id: str, readers, where: str, params: list, terms, k: int = 200,
-                   narrow: "tuple[str, list, str, list] | None" = None):
+                   narrowers: "list[tuple[str, str, list, str, list]] | None" = None):
     """(rowid, bm25) of the k best in-scope matches of '"t1" OR "t2" ...', best
     first, equal to the FTS5 candidate query; None when the lex tables cannot
     answer exactly (the caller then runs the FTS5 query).
@@ -91,12 +91,13 @@ def top_candidates(db, subject_id: str, readers, where: str, params: list, terms
     ``where``/``params`` are the scope predicate over alias ``c`` (as built by
     ``CompileScope.where``); ``subject_id`` is the subject that predicate pins
     and ``readers`` the caller's ``core.scope.reader_tags``: only their lists
-    are read. ``narrow`` (``CompileScope.narrow``): a count and a listing of
-    the scope's rows through an index, for a scope the postings do not split
-    on (a project), taken when it holds fewer rows than are left to check.
+    are read. ``narrowers`` (``CompileScope.narrowers``): counts and listings
+    of the scope's rows through an index, for what the postings do not split
+    on (a project, a time), one taken when it holds fewer rows than are left
+    to check; one through an index this snapshot lacks is passed over.
     How this platform's FTS5 adds the phrases is the probe's answer."""
     mode = probe.phrase_count_mode(len(terms))
     if mode is None:
         return None
     return query._top_candidates(db, subject_id, readers, where, params, terms, k, fused_last=mode == "fused",
-                                 narrow=narrow)
+                                 narrowers=narrowers)

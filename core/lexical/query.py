@@ -32,10 +32,12 @@ PRICED_CACHE_BYTES = 16 << 20
 
 class _State:
     __slots__ = ("ok", "tokenizer", "rowid_type", "rowid_dtype", "token_cache", "n_rows", "avgdl",
-                 "priced", "priced_bytes")
+                 "priced", "priced_bytes", "indexes")
 
     def __init__(self, db: apsw.Connection):
         self.ok = False
+        # a generation built before an index was added lacks it (LATER_INDEXES)
+        self.indexes = frozenset(name for name, in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'"))
         self.token_cache: dict[str, str | None] = {}
         # (subject, readers, term) -> (rowids, contributions, tfdl, idf): a
         # snapshot connection never changes, so a list is priced once per
@@ -128,10 +130,11 @@ class _Scope:
 
 def _top_candidates(db: apsw.Connection, subject_id: str, readers, where: str, params: list,
                     terms, k: int, fused_last: bool = False,
-                    narrow: tuple[str, list, str, list] | None = None) -> list[tuple[int, float]] | None:
+                    narrowers=None) -> list[tuple[int, float]] | None:
     """``fused_last``: sum the last phrase of an odd count as fma(ratio, idf,
-    sum so far), one rounding, as aarch64 builds of FTS5 do. ``narrow``:
-    (count SQL, params, listing SQL, params) of the scope through an index."""
+    sum so far), one rounding, as aarch64 builds of FTS5 do. ``narrowers``:
+    (index, count SQL, params, listing SQL, params) of the scope through an
+    index (``CompileScope.narrowers``)."""
     state = _state(db)
     if not state.ok:
         return None
@@ -187,17 +190,25 @@ def _top_candidates(db: apsw.Connection, subject_id: str, readers, where: str, p
         in_scope = [i for i, rowid in zip(top.tolist(), rowids) if rowid in ids]
         if len(in_scope) >= k or m == n:
             break
-        if narrow is not None:
-            # A scope the postings do not split on (a project) may admit few of
-            # the subject's matches, and checking them best first by rowid then
-            # reaches nearly every one (40-60 ms at 50k). When the scope,
-            # counted through its index, holds fewer rows than are left to
-            # check, its rows are listed instead and every match is decided.
-            count_sql, count_params, list_sql, list_params = narrow
-            narrow = None  # counted once
-            (size,), = db.execute(count_sql, count_params)
-            if size < n - m:
-                scope.take(db.execute(list_sql, list_params))
+        if narrowers:
+            # A scope the postings do not split on (a project, a time) may
+            # admit few of the subject's matches, and checking them best first
+            # by rowid then reaches nearly every one (40-60 ms at 50k for a
+            # project, 120 ms for an `at` before the subject's memory). When
+            # the scope, counted through an index (the count stops at the
+            # matches left), holds fewer rows than are left to check, its rows
+            # are listed instead and every match is decided.
+            left = n - m
+            listing = None
+            for index, count_sql, count_params, list_sql, list_params in narrowers:
+                if index in state.indexes:
+                    (size,), = db.execute(count_sql, [*count_params, left])
+                    if size < left:
+                        listing = (list_sql, list_params)
+                        break
+            narrowers = None  # counted once
+            if listing is not None:
+                scope.take(db.execute(*listing))
                 listed = np.fromiter(ids, dtype=docs.dtype, count=len(ids))
                 keep = np.flatnonzero(np.isin(docs, listed))
                 in_scope = keep[np.argsort(-scores[keep], kind="stable")].tolist()  # as if all were checked

@@ -61,7 +61,7 @@ from core.snapshot.chain import ChainBroken, fetch_whole
 from core.snapshot.delta_policy import DeltaPolicy
 from core.snapshot.pointer import full_of
 from core.snapshot.publish import publish, publish_delta
-from core.snapshot.schema import DDL, ITEM_COUNTS, SCHEMA_VERSION
+from core.snapshot.schema import DDL, ITEM_COUNTS, LATER_INDEXES, SCHEMA_VERSION
 from core.snapshot.workfiles import WorkFile
 from core.storage import Store
 
@@ -425,6 +425,8 @@ class SnapshotBuilder:
             if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                 raise RuntimeError("the work file did not enter WAL mode: its changed pages cannot be captured")
             self.base = base
+            with db:
+                db.execute(LATER_INDEXES)  # a generation built before one of them gains it (once)
         return db
 
     def _replay_because(self, why: str) -> None:

@@ -22,8 +22,20 @@ from core.lexical import FTS_DDL
 # Bump on any change to DDL (its comments aside), or to what a table holds (6: claims_fts holds
 # statements with CJK runs as bigrams and Cyrillic, Greek and Arabic words
 # stemmed, core.lexical.words): older snapshots are then replayed, never
-# served.
+# served. An index added to LATER_INDEXES is the one exception: every build
+# creates it where it is missing, and compile uses it only where it exists.
 SCHEMA_VERSION = 6
+
+# Indexes added after SCHEMA_VERSION 6, as statements that create them where
+# missing: an incremental build adds them to the generation it extends, so a
+# release adding one serves the older generations as they are.
+# claims_valid: compile lists the subject's rows valid at a time through it
+# when they are few (a task ``at`` before the subject's memory, a subject
+# whose claims have mostly lapsed), instead of checking every match by rowid
+# (core.lexical.query, CompileScope.narrowers).
+LATER_INDEXES = """
+CREATE INDEX IF NOT EXISTS claims_valid ON claims(subject_id, valid_from, valid_to);
+"""
 
 # What the stored item counts (claims.prefix_tokens) are, recorded as the
 # snapshot's ``item_tokenizer``: the tokenizer, and since "all-evidence"
@@ -131,7 +143,7 @@ CREATE TABLE import_lines(line_key TEXT PRIMARY KEY, entry_id TEXT NOT NULL) WIT
 -- every erasure applied: a standing rule for records arriving later (core/snapshot/erase.py)
 CREATE TABLE erasures(erasure_id TEXT PRIMARY KEY, target TEXT NOT NULL, target_sha256 TEXT NOT NULL)
   WITHOUT ROWID;
-""" + FTS_DDL
+""" + FTS_DDL + LATER_INDEXES
 
 # The canonical columns the content hash covers: core/snapshot/content_hash.py.
 
