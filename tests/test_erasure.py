@@ -761,6 +761,57 @@ def test_a_stored_pack_citing_an_erased_observation_goes_with_the_citation(world
     again = api.compile(key, "gannet rota", subject_id="subj_w", at=AT).json()["data"]
     assert again["items"][0]["evidence_ids"] == [kept["observation_id"]]
 
+FEEDBACK_REASON = "ibexfeedbackreason"
+
+
+def feedback_on_a_kept_claim(world) -> tuple[str, str]:
+    """A pack citing an observation about to be erased, whose one claim has
+    other support and stays, and feedback with a reason on that claim in
+    that pack: (the claim id, the observation id)."""
+    api, key = world["api"], world["key"]
+    kept = api.observe(key, subject_id="subj_w", content="Kept evidence.")
+    gone = api.observe(key, subject_id="subj_w", content="Evidence to forget.")
+    claim_id = api.post("/v1/consolidations", {"subject_id": "subj_w", "claims": [
+        {"statement": "The gannet rota is supported twice.", "kind": "semantic_fact", "confidence": 0.9,
+         "sources": [{"observation_id": kept["observation_id"], "relation": "supports"},
+                     {"observation_id": gone["observation_id"], "relation": "supports"}]}]},
+        key).json()["data"]["claim_ids"][0]
+    api.rebuild(key)
+    pack = api.compile(key, "gannet rota", subject_id="subj_w", at=AT).json()["data"]
+    assert [i["claim_id"] for i in pack["items"]] == [claim_id]
+    sent = api.post(f"/v1/context/{pack['context_id']}/feedback",
+                    {"outcome": "harmful", "claim_id": claim_id, "reason_code": FEEDBACK_REASON}, key)
+    assert sent.status_code == 201, sent.text
+    api.rebuild(key)
+    assert feedback_on(world, claim_id) == (1, 1) and found(world, [FEEDBACK_REASON])
+    return claim_id, gone["observation_id"]
+
+
+def feedback_on(world, claim_id: str) -> tuple[int, int]:
+    """(feedback rows on the claim, the feedback count its utility reads) in the served generation."""
+    db = world["service"].reader.current("acme").db
+    return (db.execute("SELECT count(*) FROM feedback WHERE claim_id = ?", (claim_id,)).fetchone()[0],
+            db.execute("SELECT feedback_total FROM claims WHERE claim_id = ?", (claim_id,)).fetchone()[0])
+
+
+def test_feedback_on_a_kept_claim_of_a_stored_pack_that_goes_goes_with_the_pack(world):
+    """The pack cites the erased observation, so it goes; the claim it packed
+    keeps other support and stays. Feedback on that claim in that pack goes
+    with the pack (docs/api.md §16): from the ledger, and from the claim's
+    utility."""
+    api, key = world["api"], world["key"]
+    claim_id, gone = feedback_on_a_kept_claim(world)
+    asked = erase(world, f"/v1/observations/{gone}")
+    incremental = api.rebuild(key)
+    done = status(world, asked["erasure_id"]).json()["data"]
+    assert done["status"] == "complete"
+    assert done["counts"]["context_runs"] == 1 and done["counts"]["feedback"] == 1
+    assert api.get(f"/v1/claims/{claim_id}/evidence", key).status_code == 200
+    assert feedback_on(world, claim_id) == (0, 0)
+    assert found(world, [FEEDBACK_REASON]) == []
+    assert from_scratch_agrees(world, incremental)
+
+
 def test_a_claim_citing_only_evidence_whose_erasure_is_pending_goes_with_it(world):
     api, key = world["api"], world["key"]
     gone = api.observe(key, subject_id="subj_x", content="Evidence to forget.")
@@ -809,6 +860,25 @@ def fail_once(monkeypatch, store, method: str, when) -> list:
         return real(key, *args, **kwargs)
     monkeypatch.setattr(store, method, call)
     return failed
+
+
+@pytest.mark.parametrize("store", ["s3"], indirect=True)
+def test_feedback_on_a_kept_claim_goes_with_its_pack_when_the_erasure_is_retried(world, monkeypatch):
+    api, key = world["api"], world["key"]
+    claim_id, gone = feedback_on_a_kept_claim(world)
+    asked = erase(world, f"/v1/observations/{gone}")
+    # the older versions of the first entry stubbed or rewritten: the build
+    # fails before it publishes, the feedback's stub already written
+    failed = fail_once(monkeypatch, world["store"], "purge_history", lambda k: "/ledger/" in k)
+    assert api.post("/v1/admin/rebuild", b"", key).status_code != 200
+    assert failed
+    api.rebuild(key)
+    api.rebuild(key)
+    done = status(world, asked["erasure_id"]).json()["data"]
+    assert done["status"] == "complete"
+    assert done["counts"]["context_runs"] == 1 and done["counts"]["feedback"] == 1  # counted once
+    assert feedback_on(world, claim_id) == (0, 0)
+    assert found(world, [FEEDBACK_REASON]) == []
 
 
 @pytest.mark.parametrize("store", ["s3"], indirect=True)

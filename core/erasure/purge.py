@@ -15,7 +15,8 @@ the records created before the erasure:
   erased claim's lifecycle head is purged (every version), and the context
   runs compiled for the subject (found by the subject tag their ids carry,
   ``core.ids.subject_tag``, without reading every run) are stubbed when they
-  are the subject's, or held an erased claim.
+  are the subject's, or held an erased claim, or cited an erased
+  observation; so is the feedback on such a run, a kept claim's included.
 
 Where to look: the previous generation says which entries hold a subject's
 or an observation's records (by entry id); entries written since its
@@ -352,6 +353,7 @@ class LedgerPurge:
             self.pool = pool
             read = self._read_all([k for k in self._candidates(target, db) if k not in self._inert])
             writes, settled = [], []
+            feedback_kept = []  # feedback on a claim that stays: it may still go with its pack
             for found in read:
                 if found is None:
                     continue
@@ -366,12 +368,15 @@ class LedgerPurge:
                 elif self._settled(key, entry, target):
                     self._count_earlier(entry, target)
                     settled.append(key)
+                elif entry.get("type") == "feedback":
+                    feedback_kept.append(found)
             redo = lambda current: rewrite(current, target, self._trust_of)  # noqa: E731
             list(pool.map(lambda w: self._replace(*w, redo), writes))
             # an entry this erasure already rewrote, in a build that failed
             # before its older versions went: they go now
             list(pool.map(self.store.purge_history, settled))
             self._purge_runs(target)
+            self._purge_feedback_on_runs(target, db, feedback_kept, {found[0] for found in read if found})
             if target.taken:  # claims an earlier attempt took are named here only by hash: so are their heads
                 for key in self.store.list_keys(claim_heads_prefix(self.org_id)):
                     target.takes_claim("claim_" + entry_hex_of(key))
@@ -616,6 +621,36 @@ class LedgerPurge:
                 writes.append((key, etag, stub_run(entry, target)))
                 self._count_feedback(entry, target)
         # a run or feedback another purge stubbed meanwhile stays its stub
+        redo = lambda current: None if current.get("type") == ERASED else stub_run(current, target)  # noqa: E731
+        list(self.pool.map(lambda w: self._replace(*w, redo), writes))
+        list(self.pool.map(self.store.purge_history, settled))
+
+
+    def _purge_feedback_on_runs(self, target: Target, db: apsw.Connection | None, kept: list,
+                                read_keys: set[str]) -> None:
+        """Feedback on one claim of a pack this erasure stubbed goes with the
+        pack, even when that claim stays (the pack cited an erased
+        observation, or held another, erased claim): the feedback named the
+        pack's context. ``kept``: feedback entries this purge read and left;
+        the previous generation names the others (``db``; without it the
+        whole ledger was read, so ``kept`` holds them all)."""
+        if not target.runs:
+            return
+        keys: set[str] = set()
+        if db is not None:
+            for chunk in _chunks(sorted(target.runs), 500):
+                marks = ",".join("?" * len(chunk))
+                keys.update(entry_key(self.org_id, entry_of(f[len("fb_"):])) for f, in db.execute(
+                    f"SELECT feedback_id FROM feedback WHERE context_id IN ({marks})", chunk))
+        more = [found for found in self._read_all(sorted(keys - read_keys)) if found is not None]
+        writes, settled = [], []
+        for key, etag, entry in [*kept, *more]:
+            if entry.get("type") == "feedback" and target.takes_run(entry.get("context_id")):
+                writes.append((key, etag, stub_run(entry, target)))
+                self._count_feedback(entry, target)
+            elif self._settled(key, entry, target):  # stubbed by an earlier, failed attempt
+                self._count_earlier(entry, target)
+                settled.append(key)
         redo = lambda current: None if current.get("type") == ERASED else stub_run(current, target)  # noqa: E731
         list(self.pool.map(lambda w: self._replace(*w, redo), writes))
         list(self.pool.map(self.store.purge_history, settled))

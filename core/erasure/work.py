@@ -118,6 +118,10 @@ class ErasureWork:
             self.progress(f"{self.org_id}: erasure {record['erasure_id']}: purging the ledger")
             self.purged[record["erasure_id"]] = purge.carry_out(target, db)
 
+    def runs(self) -> dict[str, set[str]]:
+        """By erasure id, the context runs its ledger purge stubbed."""
+        return {record["erasure_id"]: set(target.runs) for record, target in self.targets}
+
     def taken(self, erasure_id: str) -> dict:
         """The ledger purge's counts of one erasure this build carried out
         (``Purged.taken``); empty when it carried out none."""

@@ -464,6 +464,7 @@ class SnapshotBuilder:
             # the previous generation (not yet changed) says where the records are
             self.erasure_work.purge(None if from_empty else db)
             self.erasures.requesters = self.erasure_work.requesters()
+            self.erasures.runs = self.erasure_work.runs()
             db.execute("PRAGMA secure_delete = ON")  # deleted rows are overwritten, not just unlinked
         touched: set[str] = set()
         applied = 0

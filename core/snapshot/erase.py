@@ -76,6 +76,9 @@ class Erasures:
         self.db = db
         self.org_id = org_id
         self.requesters = requesters or {}
+        # by erasure id, the context runs its ledger purge stubbed (this build
+        # carries it out): feedback on them goes with them, on any claim
+        self.runs: dict[str, set[str]] = {}
         self.requester: Requester | None = None  # of the erasure being applied
         self.standing = [tuple(r) for r in db.execute("SELECT erasure_id, target, target_sha256 FROM erasures")]
         self.applied: dict[str, Erased] = {}  # erasure id -> what applying it removed, this build
@@ -100,10 +103,26 @@ class Erasures:
         if (erasure_id, target, sha) not in self.standing:
             self.standing.append((erasure_id, target, sha))
         self._erase(erasure_id, target, sha, touched, lexical)
+        for context_id in sorted(self.runs.get(erasure_id, ())):
+            self._drop_feedback(context_id, touched)
+
+    def _drop_feedback(self, context_id: str, touched: set[str]) -> None:
+        """Feedback on a pack that went, on a claim that stays: the claim's
+        utility no longer counts it."""
+        for claim_id, in self.db.execute("DELETE FROM feedback WHERE context_id = ? RETURNING claim_id",
+                                         (context_id,)).fetchall():
+            self.erased.feedback += 1
+            touched.add(claim_id)
 
     def enforce(self, entry: dict, touched: set[str], lexical: LexicalChanges) -> None:
         """An entry just applied holds a record an earlier-recorded erasure
         names (a late entry, a restored backup): erase again what it names."""
+        if entry.get("type") == "feedback":
+            # written to a pack while its erasure was pending, read by this
+            # build before the purge stubbed it
+            if any(entry.get("context_id") in runs for runs in self.runs.values()):
+                self._drop_feedback(entry["context_id"], touched)
+            return
         observations = observations_in(entry)
         claims = list(entry.get("claims", [])) + ([entry["new_claim"]] if entry.get("new_claim") else [])
         for erasure_id, target, sha in list(self.standing):
