@@ -92,6 +92,21 @@ def test_evidence_on_a_damaged_cached_copy_answers_503(published):
     assert api.get(f"/v1/claims/{claim_id}/evidence", key).status_code == 200
 
 
+def test_readyz_with_a_key_on_a_damaged_cached_copy_answers_503_not_ready_and_evicts_it(published):
+    # the key's claim count reads the copy: the damage is met there, as on any route
+    api, key, _ = published
+    overwrite_pages(served_file(api))
+    r = api.get("/readyz", key)
+    assert r.status_code == 503, r.text
+    data = r.json()["data"]
+    assert data["status"] == "not_ready" and data["claim_count"] is None
+    assert "damaged and was evicted" in data["reason"]
+    assert "generation 1 evicted" in data["last_eviction"]
+    assert "Traceback" not in r.text
+    again = api.get("/readyz", key)  # fetched and verified afresh from the store
+    assert again.status_code == 200 and again.json()["data"]["claim_count"] == 1
+
+
 def test_a_truncated_cached_copy_is_evicted_before_it_is_read(published):
     api, key, _ = published
     truncate(served_file(api))

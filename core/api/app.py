@@ -24,7 +24,7 @@ from core.keys import Principal
 from core.observe.request_line import RequestLine
 from core.service import WRITE_ROUTES, Service
 from core.snapshot.lookups import readable_claim_count
-from core.snapshot.reader import Snapshot
+from core.snapshot.reader import DAMAGE_ERRORS, Snapshot
 from core.writes.idempotency import HEADER as IDEMPOTENCY_HEADER, parse_key as parse_idempotency_key
 
 
@@ -82,6 +82,12 @@ def create_app(service: Service) -> Starlette:
         orgs = [org] if org else service.reader.loaded()
         checks = {o: service.reader.check(o) for o in orgs}
         unavailable = [reason for _, reason in checks.values() if reason]
+        claim_count = None
+        if reader is not None:
+            try:
+                claim_count = _readable_claims(checks[org][0], reader)
+            except DAMAGE_ERRORS as exc:  # as on every route: evicted, refetched and verified next time
+                unavailable.append(service.snapshot_damaged(org, exc).message)
         states = [service.reader.status(o) for o in orgs]
         loaded = [s for s in states if s["generation"]]
         newest = max(loaded, key=lambda s: s["generation"], default=None)
@@ -91,7 +97,7 @@ def create_app(service: Service) -> Starlette:
                 "generation_age_seconds": newest["generation_age_seconds"] if newest else None,
                 # a count of records is the caller's own: the claims its key may
                 # read; without a key, none (no tenant's count reaches a stranger)
-                "claim_count": _readable_claims(checks[org][0], reader) if reader else None,
+                "claim_count": claim_count,
                 "vector": vector_state,
                 "organizations": len(loaded),
                 "last_refresh_error": next((s["last_refresh_error"] for s in states
