@@ -112,6 +112,26 @@ def test_a_write_is_stored_and_acknowledged_when_the_supervisor_is_unreachable(t
     assert response.status_code == 503 and response.json()["error"]["code"] == "UNAVAILABLE"
 
 
+def test_a_local_disk_failure_answers_503_unavailable_not_a_500(tmp_path):
+    """The embedded store's disk failing (here a file where the ledger's
+    directory belongs) is the store failing, as on S3: retry shortly."""
+    import shutil
+
+    api = Api(Service(_settings(tmp_path)))
+    key = api.key()
+    api.observe(key, claim=STATEMENT)
+    api.rebuild(key)
+    ledger = tmp_path / "titen" / "orgs" / "acme" / "ledger"
+    assert ledger.is_dir()
+    shutil.move(str(ledger), str(tmp_path / "ledger-aside"))
+    ledger.write_bytes(b"not a directory")
+    observe = {"subject_id": "user_rama", "kind": "tool_result", "content": "Another fact.",
+               "source": {"type": "tool", "ref": "r"}}
+    for response in (api.post("/v1/observations", observe, key), api.compile(key, "staging cluster")):
+        assert response.status_code == 503, response.text
+        assert response.json()["error"] == {"code": "UNAVAILABLE", "message": "the store is unavailable; retry shortly"}
+
+
 def test_a_burst_of_writes_asks_the_supervisor_once_per_message_in_flight(tmp_path):
     """While one request is on its way, the writes behind it are folded into
     the next: a burst costs a few messages, not one per write."""

@@ -191,6 +191,27 @@ def test_a_temporary_file_of_a_killed_write_is_never_listed_and_removed_once_sta
     assert not stale.exists() and fresh.exists()  # a young one may be a live writer's
 
 
+@pytest.mark.parametrize("write", [
+    lambda local, tmp: local.put_if_absent("orgs/acme/ledger/b.json", b"{}"),
+    lambda local, tmp: local.upload_file("orgs/acme/ledger/b.json", __file__),
+    lambda local, tmp: local.download_file("orgs/acme/kept.json", str(tmp / "in-the-way" / "copy")),
+], ids=["put_if_absent", "upload_file", "download_file"])
+def test_a_local_disk_failure_is_a_store_error_naming_the_key(tmp_path, write):
+    """As S3's failures are: the routes answer it 503 UNAVAILABLE, never as a
+    bug. The disk fails here by a file where a directory belongs (modes would
+    not stop root, as the tests run in CI)."""
+    from core.storage import StoreError
+    from core.storage.local import LocalStore
+
+    local = LocalStore(str(tmp_path / "s"))
+    local.put_if_absent("orgs/acme/kept.json", b"{}")
+    (tmp_path / "s" / "orgs" / "acme" / "ledger").write_bytes(b"not a directory")
+    (tmp_path / "in-the-way").write_bytes(b"not a directory")
+    with pytest.raises(StoreError) as raised:
+        write(local, tmp_path)
+    assert type(raised.value) is StoreError and "orgs/acme/" in str(raised.value)
+
+
 def test_local_put_if_absent_creates_no_named_temporary_on_linux(tmp_path, monkeypatch):
     """On Linux (here, CI, Lambda) a ledger entry is an O_TMPFILE inode
     linked into place: no temporary name is created and unlinked per write."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import hashlib
 import os
 import secrets
@@ -53,6 +54,21 @@ def _write_all(fd: int, body: bytes) -> None:
 
 def _file_etag(path: str) -> str:
     return '"' + file_sha256(path) + '"'
+
+
+def _disk_failure_is_store_failure(method):
+    """The disk failing (full, read-only, unreadable, a file where a directory
+    belongs) is the store failing: ``StoreError``, as S3's errors are, which
+    every route answers 503 ``UNAVAILABLE`` rather than as a bug. The
+    contract's own outcomes (ObjectNotFound, PreconditionFailed) pass as they are."""
+    @functools.wraps(method)
+    def call(self, key, *args, **kwargs):
+        try:
+            return method(self, key, *args, **kwargs)
+        except OSError as exc:
+            raise StoreError(f"the local store at {self.root} failed to {method.__name__.replace('_', ' ')} "
+                             f"{key}: {exc.strerror or exc}") from exc
+    return call
 
 
 class LocalStore(Store):
@@ -124,6 +140,7 @@ class LocalStore(Store):
 
     # -- contract ------------------------------------------------------------
 
+    @_disk_failure_is_store_failure
     def get(self, key: str) -> StoredObject:
         try:
             with open(self._path(key), "rb") as f:
@@ -161,6 +178,7 @@ class LocalStore(Store):
             except FileNotFoundError:
                 continue
 
+    @_disk_failure_is_store_failure
     def remove_stale_temporaries(self, prefix: str, older_than_seconds: float) -> int:
         """A write killed between creating its temp file and linking it
         leaves ``.tmp-…`` beside the objects. One older than any write takes
@@ -182,6 +200,7 @@ class LocalStore(Store):
                     continue
         return removed
 
+    @_disk_failure_is_store_failure
     def put_if_absent(self, key: str, body: bytes) -> str:
         path = self._path(key)
         if not self._put_unnamed(path, key, body):
@@ -241,6 +260,7 @@ class LocalStore(Store):
             os.unlink(tmp)
         self._fsync_dir(os.path.dirname(path))
 
+    @_disk_failure_is_store_failure
     def compare_and_swap(self, key: str, body: bytes, expected_etag: str) -> str:
         path = self._path(key)
         with self._locked():
@@ -255,6 +275,7 @@ class LocalStore(Store):
             self._fsync_dir(os.path.dirname(path))
         return _etag(body)
 
+    @_disk_failure_is_store_failure
     def delete(self, key: str) -> None:
         path = self._path(key)
         with self._locked():
@@ -275,6 +296,7 @@ class LocalStore(Store):
                 removed += 1
         return removed
 
+    @_disk_failure_is_store_failure
     def upload_file(self, key: str, path: str) -> str:
         target = self._path(key)
         # the ETag's digest reads the source beside the copy, not after it
@@ -285,6 +307,7 @@ class LocalStore(Store):
         self._link_into_place(tmp, target, key)
         return etag
 
+    @_disk_failure_is_store_failure
     def download_file(self, key: str, path: str) -> None:
         source = self._path(key)
         if not os.path.isfile(source):
