@@ -273,7 +273,8 @@ SUPERSEDE = TRANSITION.extended(CLAIM.only(*CLAIM.fields, required=()).fields, (
 COMPILE = Record({
     "subject_id": identifier(),
     "task": Text(max_len=MAX_TASK_CHARS, description="what the agent is about to do"),
-    "max_tokens": Integer(128, 32000, "the whole answer's budget in tokens"),
+    "max_tokens": Integer(128, 32000, "the bound on the size of the answer's data in cl100k_base tokens (meta is not "
+                                       "counted)"),
     "project_id": identifier("narrow to this project (claims without one are then excluded)"),
     "include_checkpoints": Flag(),
     "at": Instant("evaluate validity and recency as of this instant (default: now)"),
