@@ -48,13 +48,19 @@ def cmd_serve(args) -> int:
     import dataclasses
 
     from core.service import Service
-    from core.serving import serve
+    from core.serving import bind, serve
 
     settings = _settings(args)
     settings = dataclasses.replace(settings, log_format=serve_log_format(args.log_format, settings))
     if args.workers < 1:
         print("titen: --workers must be at least 1", file=sys.stderr)
         return 2
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as exc:
+        print(f"titen: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; nothing was started",
+              file=sys.stderr)
+        return 1
     # this process builds (at start, then for every server: core.serving) and serves nothing
     service = Service(settings, auto_rebuild=True, serves=False)
     for org_id in service.ledger.organizations():
@@ -68,7 +74,7 @@ def cmd_serve(args) -> int:
             print(f"serving {org_id} generation {snapshot.generation} ({snapshot.claim_count} claims)",
                   file=sys.stderr)
     service.reader.release()
-    serve(service, host=args.host, port=args.port, workers=args.workers, log_level=args.log_level)
+    serve(service, sock, host=args.host, workers=args.workers, log_level=args.log_level)
     return 0
 
 

@@ -30,6 +30,7 @@ import dataclasses
 import logging
 import multiprocessing
 import os
+import socket
 import sys
 import threading
 import time
@@ -140,9 +141,28 @@ def supervise(service) -> Shared:
     return shared
 
 
-def serve(service, *, host: str, port: int, workers: int, log_level: str) -> None:
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the supervisor touches the data
+    directory: a port another ``titen serve`` holds stops this one here,
+    before it rebuilds or sweeps caches in a directory that server may own.
+    (As uvicorn binds: SO_REUSEADDR, IPv6 for a host with a colon; OSError
+    when the address is taken or not this machine's.)"""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family=family, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(service, sock: socket.socket, *, host: str, workers: int, log_level: str) -> None:
     """Host ``service``'s rebuilds (the supervisor's Service: it builds and
-    serves nothing) and run ``workers`` servers until interrupted."""
+    serves nothing) and run ``workers`` servers on ``sock`` (``bind``) until
+    interrupted."""
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
@@ -152,11 +172,11 @@ def serve(service, *, host: str, port: int, workers: int, log_level: str) -> Non
     shared = supervise(service)
     address, authkey = host_rebuilds(service)
     remove_dead_server_dirs(service.settings.cache_dir)
+    port = sock.getsockname()[1]
     config = uvicorn.Config(ServerApp(service.settings, address, authkey, shared.bell, shared.begun,
                                       shared.written), factory=True, host=host,
                             port=port, workers=workers, log_level=log_level, access_log=log_level == "debug",
                             http=EnvelopeHttpToolsProtocol, **SERVER_SETTINGS)
-    sock = config.bind_socket()
     # listening from here, so a connection made once "listening" is printed
     # waits in the backlog for the first server process rather than being
     # refused while they start (about a second; uvicorn's workers listen later)

@@ -230,6 +230,28 @@ def _http(method, url, body=None, key=None):
         return exc.code, json.loads(exc.read())
 
 
+def test_serve_on_a_port_already_taken_stops_before_touching_the_data_directory(tmp_path, capsys):
+    """Another server may own the directory: nothing is rebuilt, swept or
+    created in it, and the reason is one line."""
+    import socket
+
+    run(capsys, "keys", "create", "--org", "acme", "--principal", "rama", "--json", "--data-dir", str(tmp_path),
+        "--scopes", "context:compile,memory:write")
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    taken = socket.socket()
+    try:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "core.cli", "serve", "--port", str(port),
+                               "--data-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    finally:
+        taken.close()
+    assert done.returncode == 1
+    assert done.stderr == f"titen: cannot listen on 127.0.0.1:{port}: Address already in use; nothing was started\n"
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+
+
 def test_serve_makes_a_write_compile_visible_within_about_a_second(tmp_path, capsys):
     _, out, _ = run(capsys, "keys", "create", "--org", "acme", "--principal", "rama", "--json",
                     "--data-dir", str(tmp_path), "--scopes", "context:compile,memory:write")
