@@ -1146,6 +1146,32 @@ def test_a_retried_write_whose_records_were_erased_is_a_conflict_not_a_second_co
     assert again.status_code == 409 and "erased" in again.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("batch", [False, True], ids=["one write", "a batch about two subjects"])
+def test_an_erasure_leaves_no_hash_of_a_keyed_request_it_erased_and_a_retry_is_still_a_conflict(world, batch):
+    """The record of an Idempotency-Key holds a sha256 of the request for 24
+    hours: a guessed subject and content could be confirmed against it. The
+    erasure drops it (every version); the retry's 409 needs only the entry."""
+    from core.writes.idempotency import request_hash
+    api, key = world["api"], world["key"]
+    item = {"subject_id": "subj_x", "kind": "tool_result", "content": "A guessable sentence.",
+            "source": {"type": "tool", "ref": "r"}, "visibility": "organization"}
+    route, body = (("/v1/observations/batch", {"items": [item, {**item, "subject_id": "subj_y"}]}) if batch
+                   else ("/v1/observations", item))
+    first = api.post(route, body, {**key, "idempotency-key": "k-3"})
+    assert first.status_code == 201, first.text
+    hashes = [request_hash({}, body)]
+    api.rebuild(key)
+    assert found(world, hashes)  # the record holds it until the erasure
+    erase(world, "/v1/subjects/subj_x")
+    api.rebuild(key)
+    assert found(world, hashes) == []
+    again = api.post(route, body, {**key, "idempotency-key": "k-3"})
+    assert again.status_code == 409 and "erased" in again.json()["error"]["message"]
+    another = {**item, "content": "Another."}
+    other = api.post(route, {"items": [another]} if batch else another, {**key, "idempotency-key": "k-3"})
+    assert other.status_code == 409
+
+
 def test_a_retried_write_whose_records_were_partly_erased_is_a_conflict_not_a_stale_answer(world):
     """A batch about two subjects, one of them erased: its first answer names
     an observation that no longer exists, so it is not handed back."""

@@ -153,6 +153,11 @@ def taken_hash(org_id: str, record_id: str) -> str:
     return target_sha256(org_id, "record", record_id)
 
 
+# where a stub keeps the key of the Idempotency-Key record of the write it
+# replaced (``LedgerPurge._forget_request``)
+REQUEST_RECORD = "idempotency_record"
+
+
 # what a stub of a pack or of feedback says of it, so that a retry of an
 # interrupted erasure still counts it: its kind, and whether the requester
 # compiled or sent it (the counts an erasure reports are of the requester's own)
@@ -167,6 +172,9 @@ def stub(entry: dict, erasure_id: str, reader: str | None = None) -> dict:
             out["requester_own"] = True
     if entry.get(TAKEN):  # another pending erasure's record, for its own retry
         out[TAKEN] = entry[TAKEN]
+    record = (entry.get("idempotency") or {}).get("record") or entry.get(REQUEST_RECORD)
+    if record:  # a hash of who wrote under which key, no content: a retry still finds the record to forget
+        out[REQUEST_RECORD] = record
     return out
 
 
@@ -341,6 +349,7 @@ class LedgerPurge:
         self._sizes: dict[str, int] = {}
         self._cache_lock = threading.Lock()  # reads and rewrites run on the pool's threads
         self._inert: set[str] = set()  # keys of INERT_TYPES entries read so far
+        self._records: list[tuple[str, str]] = []  # (record key, entry id) of keyed requests to forget
 
     def carry_out(self, target: Target, db: apsw.Connection | None) -> Purged:
         """What erasing ``target`` removed from the ledger. The store's
@@ -365,9 +374,11 @@ class LedgerPurge:
                 if new is not None:
                     writes.append((key, etag, new))
                     self._count(entry, new, target)
+                    self._keyed(entry)
                 elif self._settled(key, entry, target):
                     self._count_earlier(entry, target)
                     settled.append(key)
+                    self._keyed(entry)
                 elif entry.get("type") == "feedback":
                     feedback_kept.append(found)
             redo = lambda current: rewrite(current, target, self._trust_of)  # noqa: E731
@@ -384,7 +395,39 @@ class LedgerPurge:
                      (parse_id(c, "claim") for c in sorted(target.claims)) if hex_ is not None]
             list(pool.map(self.store.purge, heads))
             self.purged.claim_heads += len(heads)
+            records, self._records = self._records, []
+            list(pool.map(lambda r: self._forget_request(*r, target.erasure_id), records))
         return self.purged
+
+    def _keyed(self, entry: dict) -> None:
+        """An entry this erasure rewrites or stubbed, written under an
+        Idempotency-Key: its record goes on the list of requests to forget."""
+        record = (entry.get("idempotency") or {}).get("record") or entry.get(REQUEST_RECORD)
+        if record:
+            self._records.append((record, entry["entry_id"]))
+
+    def _forget_request(self, record_key: str, entry_id: str, erasure_id: str) -> None:
+        """A keyed write's record keeps, for 24 hours, a sha256 of its request
+        — the erased text and ids among what it hashed — so that a retry
+        replays or conflicts. Once the entry is rewritten that hash goes: a
+        retry's answer (409, erased) needs only the entry. Every older
+        version of the record goes with it. A record another request holds
+        now (it expired and was replaced) is left alone."""
+        for _ in range(8):
+            try:
+                current = self.store.get(record_key)
+            except ObjectNotFound:
+                return
+            record = json.loads(current.body)
+            if record.get("entry_id") != entry_id or record.get("request_hash") is None:
+                break
+            forgotten = dict(record, request_hash=None, erased=erasure_id)
+            try:
+                self.store.compare_and_swap(record_key, json.dumps(forgotten).encode(), current.etag)
+                break
+            except PreconditionFailed:
+                continue
+        self.store.purge_history(record_key)
 
     def _settled(self, key: str, entry: dict, target: Target) -> bool:
         """An entry needing no rewrite that this erasure may have rewritten
@@ -601,6 +644,7 @@ class LedgerPurge:
                 recall(entry, target)
                 self._count_earlier(entry, target)
                 settled.append(key)
+                self._keyed(entry)
                 continue
             if entry.get("type") == "feedback":
                 feedback.append(found)
@@ -613,12 +657,14 @@ class LedgerPurge:
                     or any([target.takes_claim(i) for i in items]) or _cites(entry, target)):
                 target.runs.add(entry["context_id"])
                 writes.append((key, etag, stub_run(entry, target)))
+                self._keyed(entry)
                 self.purged.context_runs += 1
                 if target.reader is not None and entry.get("actor") == target.reader:
                     self.purged.visible_context_runs += 1
         for key, etag, entry in feedback:  # feedback on a whole pack: it goes with its run
             if target.takes_run(entry.get("context_id")):
                 writes.append((key, etag, stub_run(entry, target)))
+                self._keyed(entry)
                 self._count_feedback(entry, target)
         # a run or feedback another purge stubbed meanwhile stays its stub
         redo = lambda current: None if current.get("type") == ERASED else stub_run(current, target)  # noqa: E731
@@ -648,9 +694,11 @@ class LedgerPurge:
             if entry.get("type") == "feedback" and target.takes_run(entry.get("context_id")):
                 writes.append((key, etag, stub_run(entry, target)))
                 self._count_feedback(entry, target)
+                self._keyed(entry)
             elif self._settled(key, entry, target):  # stubbed by an earlier, failed attempt
                 self._count_earlier(entry, target)
                 settled.append(key)
+                self._keyed(entry)
         redo = lambda current: None if current.get("type") == ERASED else stub_run(current, target)  # noqa: E731
         list(self.pool.map(lambda w: self._replace(*w, redo), writes))
         list(self.pool.map(self.store.purge_history, settled))

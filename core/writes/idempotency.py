@@ -117,8 +117,10 @@ class Attempt:
         self.entry_key = entry_key
 
     def answer(self, status: int, data) -> dict:
-        """Fields to store in the entry so a replay can answer from it."""
-        return {"idempotency": {"status": status, "data": data}} if self.keyed else {}
+        """Fields to store in the entry so a replay can answer from it, and
+        the record's key, so an erasure of what the entry holds finds the
+        record and drops its hash of the request (core/erasure/purge.py)."""
+        return {"idempotency": {"status": status, "data": data, "record": self._record_key}} if self.keyed else {}
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,10 @@ class Idempotency:
                 attempt = Attempt(record_key=rkey, request_hash=rhash, replace_etag=etag, store=self.store,
                                   tag=tag)
             else:
-                if record["request_hash"] != rhash:
+                if record.get("request_hash") != rhash:
+                    if record.get("request_hash") is None:
+                        # an erasure dropped the hash: its entry says what went (409)
+                        self._answer(record["entry_key"])
                     raise Conflict(f"this {HEADER} was used with another request in the last 24 hours; "
                                    "send a new key for a new request")
                 stored = self._answer(record["entry_key"])
