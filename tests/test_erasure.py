@@ -613,6 +613,21 @@ def test_erasing_a_subject_with_no_records_completes_with_zero_counts(world):
     assert done["counts"] == {"observations": 0, "claims": 0, "context_runs": 0, "feedback": 0, "embeddings": 0}
 
 
+def test_an_erasure_that_finds_no_record_keeps_the_older_generations_to_roll_back_to(world):
+    """Only an erasure leaves a record out of a snapshot, and it purges every
+    older generation: one that finds nothing has nothing to purge, so it does
+    not take the rollback points with it."""
+    api, key, store = world["api"], world["key"], world["store"]
+    before = [h["generation"] for h in read_pointer(store, "acme")[0]["history"]]
+    assert len(before) >= 2
+    erase(world, "/v1/subjects/nobody_here")
+    api.rebuild(key)
+    pointer = read_pointer(store, "acme")[0]
+    assert [h["generation"] for h in pointer["history"]] == [pointer["generation"], *before]
+    assert rollback(store, "acme", before[-1])["serving"] == before[-1]
+    assert read_pointer(store, "acme")[0]["rolled_back_to"] == before[-1]
+
+
 def test_many_erasures_carried_out_by_one_build_read_each_ledger_entry_and_the_listing_once(world, monkeypatch):
     # 300 erasures of unknown subjects held a rebuild for two minutes: each
     # re-listed the ledger and re-read every entry since the watermark,

@@ -125,12 +125,18 @@ class Purged:
     context_runs: int = 0
     feedback_entries: int = 0
     claim_heads: int = 0
+    entries_settled: int = 0  # entries an earlier, interrupted attempt already stubbed or rewrote
     # of those, the requester's own (a pack and its feedback are their compiler's alone)
     visible_context_runs: int = 0
     visible_feedback_entries: int = 0
     # stubs an earlier, interrupted attempt of the same erasure left: by the
     # counts above they add to (the erasure's counts are of everything it took)
     earlier: dict = field(default_factory=dict)
+
+    def found_anything(self) -> bool:
+        """Whether the ledger held anything the erasure names, in this attempt or an earlier one."""
+        return bool(self.entries_rewritten or self.entries_stubbed or self.entries_settled or self.context_runs
+                    or self.feedback_entries or self.claim_heads)
 
     def taken(self) -> dict:
         """What the erasure took, over every attempt: the counts it reports."""
@@ -378,6 +384,7 @@ class LedgerPurge:
                 elif self._settled(key, entry, target):
                     self._count_earlier(entry, target)
                     settled.append(key)
+                    self.purged.entries_settled += 1
                     self._keyed(entry)
                 elif entry.get("type") == "feedback":
                     feedback_kept.append(found)
@@ -644,6 +651,7 @@ class LedgerPurge:
                 recall(entry, target)
                 self._count_earlier(entry, target)
                 settled.append(key)
+                self.purged.entries_settled += 1
                 self._keyed(entry)
                 continue
             if entry.get("type") == "feedback":
@@ -698,6 +706,7 @@ class LedgerPurge:
             elif self._settled(key, entry, target):  # stubbed by an earlier, failed attempt
                 self._count_earlier(entry, target)
                 settled.append(key)
+                self.purged.entries_settled += 1
                 self._keyed(entry)
         redo = lambda current: None if current.get("type") == ERASED else stub_run(current, target)  # noqa: E731
         list(self.pool.map(lambda w: self._replace(*w, redo), writes))

@@ -122,6 +122,11 @@ class ErasureWork:
         """By erasure id, the context runs its ledger purge stubbed."""
         return {record["erasure_id"]: set(target.runs) for record, target in self.targets}
 
+    def found_anything(self, erasure_id: str) -> bool:
+        """Whether this build's ledger purge of ``erasure_id`` found anything it names."""
+        purged = self.purged.get(erasure_id)
+        return purged is not None and purged.found_anything()
+
     def taken(self, erasure_id: str) -> dict:
         """The ledger purge's counts of one erasure this build carried out
         (``Purged.taken``); empty when it carried out none."""

@@ -163,6 +163,7 @@ class SnapshotBuilder:
         self.oldest_applied_ms = None
         self.unfinished = {}  # erasures the published generation carried out that stay pending
         self.carried_now = False  # this build carried a pending erasure out
+        self.erased_rows = False  # ... which found something to erase
         pointer, etag = read_pointer(self.store, self.org_id)
         os.makedirs(self.work_dir, exist_ok=True)
         if pointer is not None and pointer.get("erasures"):
@@ -229,7 +230,8 @@ class SnapshotBuilder:
                                               etag, fields, self.progress, self.before_publish)
             if published is None:
                 published = publish(self.store, self.org_id, work, size, generation, pointer, etag, fields,
-                                    self.progress, self.before_publish, only_generation=self.carried_now)
+                                    self.progress, self.before_publish,
+                                    only_generation=self.carried_now and self.erased_rows)
             published_at = time.monotonic()
             if self.after_publish is not None:
                 self.after_publish()
@@ -355,6 +357,17 @@ class SnapshotBuilder:
             if carried:
                 fields["erasures"] = carried
                 self.carried_now = True
+                # One that found nothing, in the snapshot or the ledger, in this
+                # attempt or an earlier one (a subject with no records), leaves
+                # the older generations, the rollback points, as they are: none
+                # holds anything it names, since a record leaves a snapshot
+                # only by an erasure, which purged them, and one not yet in
+                # the snapshot would be in the ledger.
+                self.erased_rows = any(
+                    self.erasure_work.found_anything(e)
+                    or sum(self.erasures.applied[e].as_counts()[k] for k in ("observations", "claims", "feedback",
+                                                                             "embeddings"))
+                    for e in carried)
         if self.unfinished:
             # still pending from the generation before: named again with what
             # that generation recorded, so a later build finishes them
