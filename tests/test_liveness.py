@@ -1,11 +1,11 @@
 """Liveness: ``/healthz`` answers while a large rebuild runs, because route work
 runs on the thread pool, never on the event loop (docs/architecture.md, "HTTP and
-errors"). Against the real ``titen serve`` on loopback. The issue's target is p99
-<= 50 ms at 50k claims (measured by ``python -m bench.liveness``); this test uses
-5,000 claims and a generous bound (shared CPU), which a rebuild on the event loop
-misses by seconds."""
+errors"). Against the real ``titen serve`` on loopback. How fast it answers is
+the benchmark's to say (``python -m bench.liveness``: the target is p99 <= 50 ms
+at 50k claims); this test asserts no duration, only that answers keep coming
+while the rebuild runs: a rebuild on the event loop would hold every one of
+them until it ended, a handful at most."""
 
-from bench.common import percentile
 from bench.liveness import measure
 
 CLAIMS = 5000
@@ -16,10 +16,8 @@ def test_healthz_answers_while_an_admin_rebuild_of_5000_claims_runs(tmp_path):
     rebuild = result["rebuild"]
     assert rebuild["status"] == 200 and rebuild["body"]["data"]["claim_count"] == CLAIMS
     samples = result["samples"]
-    assert len(samples) >= 20  # polled throughout the rebuild
+    assert len(samples) >= 20  # answered, one after another, before the rebuild answered
     assert result["failures"] == 0
-    assert percentile(samples, 99) < 0.5, sorted(samples)[-5:]
-    assert max(samples) < 1.0
 
 
 def test_concurrent_compiles_and_writes_on_one_organization_never_fail(tmp_path):

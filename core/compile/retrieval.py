@@ -86,9 +86,15 @@ def lexical_candidates(snapshot: Snapshot, scope: CompileScope, plan: QueryPlan)
 
 def fts_candidates(db, where: str, params: list, match: str, k: int = MAX_CANDIDATES) -> list[tuple[int, float]]:
     """The reference candidate query: FTS5 MATCH inside the scope, by bm25."""
-    sql = (f"SELECT c.rowid, bm25(claims_fts) AS b FROM claims_fts JOIN claims c ON c.rowid = claims_fts.rowid"
-           f" WHERE claims_fts MATCH ? AND {where} ORDER BY b, c.claim_id LIMIT {k}")
-    return list(db.execute(sql, [match, *params]))
+    return list(db.execute(fts_candidates_sql(where, k), [match, *params]))
+
+
+def fts_candidates_sql(where: str, k: int) -> str:
+    """CROSS JOIN keeps the MATCH the outer loop: with an index on the scope's
+    columns (claims_valid) the planner may otherwise walk the subject's rows
+    and run the MATCH once per row (0.8 s a query on 7,500 claims)."""
+    return (f"SELECT c.rowid, bm25(claims_fts) AS b FROM claims_fts CROSS JOIN claims c ON c.rowid = claims_fts.rowid"
+            f" WHERE claims_fts MATCH ? AND {where} ORDER BY b, c.claim_id LIMIT {k}")
 
 
 def hydrate(snapshot: Snapshot, scope: CompileScope, rowids: list[int]) -> list[tuple]:

@@ -198,7 +198,13 @@ def _top_candidates(db: apsw.Connection, subject_id: str, readers, where: str, p
             # the scope, counted through an index (the count stops at the
             # matches left), holds fewer rows than are left to check, its rows
             # are listed instead and every match is decided.
-            left = n - m
+            # The rows the checks would still read: all the matches left
+            # when none was in scope so far, else about as many as the share
+            # found in scope says reach k. Listing is taken only when it
+            # reads fewer (a subject with a third of its claims lapsed
+            # lists nothing: a few more checks find the k), and the count
+            # stops there.
+            left = n - m if not in_scope else min(n - m, m * k // len(in_scope) - m + 1)
             listing = None
             for index, count_sql, count_params, list_sql, list_params in narrowers:
                 if index in state.indexes:
