@@ -877,6 +877,90 @@ def fail_once(monkeypatch, store, method: str, when) -> list:
     return failed
 
 
+def test_feedback_on_a_kept_claim_goes_when_an_earlier_attempt_stubbed_its_pack_and_failed(world, monkeypatch):
+    """The retry finds the pack already a stub, named only by a hash: the
+    feedback on it still goes, from the ledger and the snapshot."""
+    api, key = world["api"], world["key"]
+    claim_id, gone = feedback_on_a_kept_claim(world)
+    asked = erase(world, f"/v1/observations/{gone}")
+    failed = fail_once(monkeypatch, world["store"], "purge_history", lambda k: k.endswith(".run.json"))
+    assert api.post("/v1/admin/rebuild", b"", key).status_code != 200
+    assert failed
+    api.rebuild(key)
+    api.rebuild(key)
+    done = status(world, asked["erasure_id"]).json()["data"]
+    assert done["status"] == "complete" and done["counts"]["context_runs"] == 1
+    assert feedback_on(world, claim_id) == (0, 0)
+    assert found(world, [FEEDBACK_REASON]) == []
+
+
+def test_every_feedback_on_a_kept_claim_of_a_pack_that_goes_goes_repeats_included(world, monkeypatch):
+    """A snapshot keeps only the last feedback per pack and claim; the ledger
+    keeps every one, the earlier ones older than the snapshot's watermark
+    (no skew window here to re-read them by chance)."""
+    import dataclasses
+    api, key, service = world["api"], world["key"], world["service"]
+    monkeypatch.setattr(service, "settings", dataclasses.replace(service.settings, skew_seconds=0))
+    kept = api.observe(key, subject_id="subj_w", content="Kept evidence.")
+    gone = api.observe(key, subject_id="subj_w", content="Evidence to forget.")
+    claim_id = api.post("/v1/consolidations", {"subject_id": "subj_w", "claims": [
+        {"statement": "The gannet rota is supported twice.", "kind": "semantic_fact", "confidence": 0.9,
+         "sources": [{"observation_id": kept["observation_id"], "relation": "supports"},
+                     {"observation_id": gone["observation_id"], "relation": "supports"}]}]},
+        key).json()["data"]["claim_ids"][0]
+    api.rebuild(key)
+    pack = api.compile(key, "gannet rota", subject_id="subj_w", at=AT).json()["data"]
+    for reason in ("firstreasonzz", "secondreasonzz"):
+        sent = api.post(f"/v1/context/{pack['context_id']}/feedback",
+                        {"outcome": "harmful", "claim_id": claim_id, "reason_code": reason}, key)
+        assert sent.status_code == 201, sent.text
+        api.rebuild(key)
+    assert found(world, ["firstreasonzz", "secondreasonzz"])
+    erase(world, f"/v1/observations/{gone['observation_id']}")
+    incremental = api.rebuild(key)
+    assert found(world, ["firstreasonzz", "secondreasonzz"]) == []
+    assert feedback_on(world, claim_id) == (0, 0)
+    assert from_scratch_agrees(world, incremental)
+
+
+@pytest.mark.parametrize("target", ["subject", "observation"])
+def test_a_pack_compiled_while_the_erasure_was_pending_goes_with_what_it_erased(world, target):
+    """A pack compiled after the erasure was asked, before a rebuild carried
+    it out, copied the erased text: it goes too (api.md §16)."""
+    api, key = world["api"], world["key"]
+    obs = world["s_obs"][0]["observation_id"]  # alone supports the S_MARKS[1] claim
+    asked = erase(world, "/v1/subjects/subj_s" if target == "subject" else f"/v1/observations/{obs}")
+    late = api.compile(key, f"{S_MARKS[1]} deploy", subject_id="subj_s", at=AT).json()["data"]
+    assert any(S_MARKS[1] in item["claim"] for item in late["items"])
+    api.rebuild(key)
+    assert status(world, asked["erasure_id"]).json()["data"]["status"] == "complete"
+    assert api.get(f"/v1/context/{late['context_id']}", key).status_code == 404
+    assert found(world, [S_MARKS[1]]) == []
+
+
+def test_a_pack_compiled_from_the_older_generation_while_the_erasure_ran_goes_before_it_is_complete(
+        world, monkeypatch):
+    """Compiled after the purge listed the ledger, before the erasure's
+    generation was published: the erasure is complete only once it is gone."""
+    from core.erasure.work import ErasureWork
+    api, key = world["api"], world["key"]
+    asked = erase(world, "/v1/subjects/subj_s")
+    during = []
+    real_purge = ErasureWork.purge
+
+    def purge_then_compile(self, db):
+        real_purge(self, db)
+        during.append(api.compile(key, f"{S_MARKS[1]} deploy", subject_id="subj_s", at=AT).json()["data"])
+
+    monkeypatch.setattr(ErasureWork, "purge", purge_then_compile)
+    api.rebuild(key)
+    assert during and any(S_MARKS[1] in item["claim"] for item in during[0]["items"])
+    done = status(world, asked["erasure_id"]).json()["data"]
+    assert done["status"] == "complete"
+    assert api.get(f"/v1/context/{during[0]['context_id']}", key).status_code == 404
+    assert found(world, S_MARKS + ["subj_s"]) == []
+
+
 @pytest.mark.parametrize("store", ["s3"], indirect=True)
 def test_feedback_on_a_kept_claim_goes_with_its_pack_when_the_erasure_is_retried(world, monkeypatch):
     api, key = world["api"], world["key"]

@@ -394,7 +394,7 @@ class LedgerPurge:
             # before its older versions went: they go now
             list(pool.map(self.store.purge_history, settled))
             self._purge_runs(target)
-            self._purge_feedback_on_runs(target, db, feedback_kept, {found[0] for found in read if found})
+            self._purge_feedback_on_runs(target, feedback_kept, {found[0] for found in read if found})
             if target.taken:  # claims an earlier attempt took are named here only by hash: so are their heads
                 for key in self.store.list_keys(claim_heads_prefix(self.org_id)):
                     target.takes_claim("claim_" + entry_hex_of(key))
@@ -630,18 +630,22 @@ class LedgerPurge:
                 body, etag = encode(again), current.etag
         self.store.purge_history(key)
 
-    def _purge_runs(self, target: Target) -> None:
+    def _tag(self, target: Target) -> str | None:
+        return subject_tag(self.org_id, target.subject_id) if target.subject_id else target.subject_tag
+
+    def _purge_runs(self, target: Target, within: set[str] | None = None) -> None:
         """Stub the subject's context runs (and feedback on them) that this
-        erasure names: the subject's, or holding an erased claim, or citing
-        an erased observation as an item's or a conflict's evidence (a
-        stored pack keeps no erased id). Runs carry the subject tag in their
-        ids."""
-        tag = subject_tag(self.org_id, target.subject_id) if target.subject_id else target.subject_tag
+        erasure names: the subject's own from before it was asked, or any,
+        whenever compiled, that holds an erased claim or cites an erased
+        observation as an item's or a conflict's evidence (a pack compiled
+        while the erasure was pending copied erased text; a stored pack
+        keeps no erased id). Runs carry the subject tag in their ids.
+        ``within``: only these ledger keys (``sweep_late``)."""
+        tag = self._tag(target)
         if tag is None:
             return
         keys = [k for k in self._ledger_keys()
-                if k.endswith(RUN_SUFFIX) and tag_of(entry_hex_of(k)) == tag
-                and entry_hex_of(k) < target.limit]
+                if k.endswith(RUN_SUFFIX) and tag_of(entry_hex_of(k)) == tag and (within is None or k in within)]
         feedback, writes, settled = [], [], []
         for found in self._read_all(keys):
             if found is None:
@@ -653,6 +657,8 @@ class LedgerPurge:
                 settled.append(key)
                 self.purged.entries_settled += 1
                 self._keyed(entry)
+                if entry.get("erased_kind") == "context_run":  # feedback on it goes too
+                    target.runs.add("ctx_" + entry_hex_of(key))
                 continue
             if entry.get("type") == "feedback":
                 feedback.append(found)
@@ -661,7 +667,8 @@ class LedgerPurge:
                 continue
             items = [i["claim_id"] for i in entry.get("items", [])]
             subject = entry.get("scope", {}).get("subject_id")
-            if ((target.kind == "subject" and subject is not None and target.names(subject))
+            if ((target.kind == "subject" and entry_hex_of(key) < target.limit and subject is not None
+                 and target.names(subject))
                     or any([target.takes_claim(i) for i in items]) or _cites(entry, target)):
                 target.runs.add(entry["context_id"])
                 writes.append((key, etag, stub_run(entry, target)))
@@ -679,23 +686,21 @@ class LedgerPurge:
         list(self.pool.map(lambda w: self._replace(*w, redo), writes))
         list(self.pool.map(self.store.purge_history, settled))
 
-
-    def _purge_feedback_on_runs(self, target: Target, db: apsw.Connection | None, kept: list,
-                                read_keys: set[str]) -> None:
+    def _purge_feedback_on_runs(self, target: Target, kept: list, read_keys: set[str],
+                                within: set[str] | None = None) -> None:
         """Feedback on one claim of a pack this erasure stubbed goes with the
         pack, even when that claim stays (the pack cited an erased
         observation, or held another, erased claim): the feedback named the
-        pack's context. ``kept``: feedback entries this purge read and left;
-        the previous generation names the others (``db``; without it the
-        whole ledger was read, so ``kept`` holds them all)."""
-        if not target.runs:
+        pack's context. Feedback carries its pack's subject tag in its id,
+        so every one on the subject's packs is found by listing, repeats
+        included (a snapshot keeps only the last per pack and claim).
+        ``kept``: feedback entries this purge read and left."""
+        if not target.runs and not target.taken:
             return
-        keys: set[str] = set()
-        if db is not None:
-            for chunk in _chunks(sorted(target.runs), 500):
-                marks = ",".join("?" * len(chunk))
-                keys.update(entry_key(self.org_id, entry_of(f[len("fb_"):])) for f, in db.execute(
-                    f"SELECT feedback_id FROM feedback WHERE context_id IN ({marks})", chunk))
+        tag = self._tag(target)
+        keys = {k for k in self._ledger_keys()
+                if not k.endswith(RUN_SUFFIX) and tag is not None and tag_of(entry_hex_of(k)) == tag
+                and (within is None or k in within)}
         more = [found for found in self._read_all(sorted(keys - read_keys)) if found is not None]
         writes, settled = [], []
         for key, etag, entry in [*kept, *more]:
@@ -703,7 +708,7 @@ class LedgerPurge:
                 writes.append((key, etag, stub_run(entry, target)))
                 self._count_feedback(entry, target)
                 self._keyed(entry)
-            elif self._settled(key, entry, target):  # stubbed by an earlier, failed attempt
+            elif key in keys and self._settled(key, entry, target):  # stubbed by an earlier, failed attempt
                 self._count_earlier(entry, target)
                 settled.append(key)
                 self.purged.entries_settled += 1
@@ -711,6 +716,30 @@ class LedgerPurge:
         redo = lambda current: None if current.get("type") == ERASED else stub_run(current, target)  # noqa: E731
         list(self.pool.map(lambda w: self._replace(*w, redo), writes))
         list(self.pool.map(self.store.purge_history, settled))
+
+    def sweep_late(self, carried: list[tuple[Target, Purged]]) -> None:
+        """After the erasures' generation is published and every reader has
+        had its TTL to load it, before they read complete: the packs
+        compiled (and the feedback sent) since this purge listed the ledger,
+        from the generation before, go as the others did. From here no
+        reader serves that generation, so no later pack can hold what was
+        erased. ``carried``: each erasure with its counts, which this adds to.
+        One more listing of the ledger, whatever their number."""
+        if self._listed is None or not carried:
+            return
+        before = set(self._listed)
+        self._listed = None
+        late = {k for k in self._ledger_keys() if k not in before}
+        if not late:
+            return
+        with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
+            self.pool = pool
+            for target, purged in carried:
+                self.purged = purged
+                self._purge_runs(target, within=late)
+                self._purge_feedback_on_runs(target, [], set(), within=late)
+                records, self._records = self._records, []
+                list(pool.map(lambda r: self._forget_request(*r, target.erasure_id), records))
 
 
 def _cites(run: dict, target: Target) -> bool:

@@ -62,6 +62,7 @@ class ErasureWork:
         self.targets: list[tuple[dict, Target]] = []
         self.purged: dict[str, Purged] = {}  # erasure id -> what its ledger purge removed
         self.stored_at: dict[str, str] = {}  # erasure id -> key ``pending`` just stored its entry under
+        self.ledger_purge: LedgerPurge | None = None  # this build's, for the packs compiled meanwhile
 
     def pending(self) -> list[dict]:
         """The organization's pending erasures, each with its ledger entry
@@ -113,7 +114,7 @@ class ErasureWork:
     def purge(self, db: apsw.Connection | None) -> None:
         """Carry every pending erasure out in the ledger; ``db``: the
         previous generation (None when the build starts from empty)."""
-        purge = LedgerPurge(self.store, self.org_id, self.skew_ms, self.progress)
+        purge = self.ledger_purge = LedgerPurge(self.store, self.org_id, self.skew_ms, self.progress)
         for record, target in self.targets:
             self.progress(f"{self.org_id}: erasure {record['erasure_id']}: purging the ledger")
             self.purged[record["erasure_id"]] = purge.carry_out(target, db)
@@ -154,13 +155,18 @@ class ErasureWork:
         done = []
         completed_at = canonical(now_utc())
         ledger = Ledger(self.store)
-        for record, _ in self.targets:
+        if self.ledger_purge is not None:
+            # packs compiled from the generation before while this build ran
+            self.ledger_purge.sweep_late([(target, self.purged[record["erasure_id"]])
+                                          for record, target in self.targets
+                                          if record["erasure_id"] in erased and record["erasure_id"] in self.purged])
+        for record, target in self.targets:
             erasure_id = record["erasure_id"]
             if erasure_id not in erased:
                 continue  # its entry was not applied by this build (the next one applies it)
             # the pointer records the purge's counts (``taken``) with the generation,
             # so a later build finishing this erasure (``recover``) tells the same
-            taken = erased[erasure_id].get("purged") or self.taken(erasure_id)
+            taken = self.taken(erasure_id) or erased[erasure_id].get("purged") or {}
             totals = {**erased.get(erasure_id, {}), "context_runs": taken.get("context_runs", 0),
                       "feedback": taken.get("feedback", 0)}
             finished = records.complete(self.store, self.org_id, record,
