@@ -1271,6 +1271,27 @@ def test_an_erasure_leaves_no_hash_of_a_keyed_request_it_erased_and_a_retry_is_s
     assert other.status_code == 409
 
 
+def test_a_keyed_write_that_only_lost_a_citation_to_an_erasure_still_replays_its_answer(world):
+    """The consolidation's claim keeps other support: its stored answer still
+    names what exists, so its record keeps the request's hash and an
+    identical retry replays it rather than a 409 that would invite a copy."""
+    api, key = world["api"], world["key"]
+    kept = api.observe(key, subject_id="subj_w", content="Kept evidence.")
+    gone = api.observe(key, subject_id="subj_w", content="Evidence to forget.")
+    body = {"subject_id": "subj_w", "claims": [
+        {"statement": "The gannet rota is supported twice.", "kind": "semantic_fact", "confidence": 0.9,
+         "sources": [{"observation_id": kept["observation_id"], "relation": "supports"},
+                     {"observation_id": gone["observation_id"], "relation": "supports"}]}]}
+    first = api.post("/v1/consolidations", body, {**key, "idempotency-key": "c-1"})
+    assert first.status_code == 201, first.text
+    api.rebuild(key)
+    erase(world, f"/v1/observations/{gone['observation_id']}")
+    api.rebuild(key)
+    again = api.post("/v1/consolidations", body, {**key, "idempotency-key": "c-1"})
+    assert again.status_code == 201, again.text
+    assert again.json()["data"] == first.json()["data"] and again.json()["meta"]["idempotent_replay"] is True
+
+
 def test_a_retried_write_whose_records_were_partly_erased_is_a_conflict_not_a_stale_answer(world):
     """A batch about two subjects, one of them erased: its first answer names
     an observation that no longer exists, so it is not handed back."""

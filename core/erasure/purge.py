@@ -380,12 +380,12 @@ class LedgerPurge:
                 if new is not None:
                     writes.append((key, etag, new))
                     self._count(entry, new, target)
-                    self._keyed(entry)
+                    self._keyed(entry, new, target)
                 elif self._settled(key, entry, target):
                     self._count_earlier(entry, target)
                     settled.append(key)
                     self.purged.entries_settled += 1
-                    self._keyed(entry)
+                    self._keyed(entry, entry, target)
                 elif entry.get("type") == "feedback":
                     feedback_kept.append(found)
             redo = lambda current: rewrite(current, target, self._trust_of)  # noqa: E731
@@ -406,9 +406,13 @@ class LedgerPurge:
             list(pool.map(lambda r: self._forget_request(*r, target.erasure_id), records))
         return self.purged
 
-    def _keyed(self, entry: dict) -> None:
-        """An entry this erasure rewrites or stubbed, written under an
-        Idempotency-Key: its record goes on the list of requests to forget."""
+    def _keyed(self, entry: dict, new: dict | None = None, target: Target | None = None) -> None:
+        """An entry this erasure stubs or takes records from (``new``: what it
+        becomes), written under an Idempotency-Key: its record goes on the
+        list of requests to forget. One that only loses a citation keeps its
+        record: its stored answer still stands, and a retry replays it."""
+        if new is not None and new.get("type") != ERASED and target.erasure_id not in (new.get(TAKEN) or {}):
+            return
         record = (entry.get("idempotency") or {}).get("record") or entry.get(REQUEST_RECORD)
         if record:
             self._records.append((record, entry["entry_id"]))
