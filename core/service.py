@@ -28,7 +28,7 @@ from core.observe.emf import Metrics
 from core.snapshot.build import RebuildResult, SnapshotBuilder
 from core.snapshot.publish import RebuildConflict
 from core.snapshot.reader import SnapshotReader
-from core.storage import open_store
+from core.storage import StoreError, open_store
 from core.writes import Writes
 from core.writes.feedback import FeedbackDesk
 from core.writes.idempotency import Idempotency, Outcome
@@ -97,6 +97,7 @@ class Service:
         on_write = (rebuilds.request if rebuilds is not None
                     else self.schedule_rebuild if auto_rebuild
                     else self.rebuild_queue.request if self.rebuild_queue else None)
+        self.on_write = on_write
         self.writes = Writes(self.store, self.reader, on_write)
         self.compiler = Compiler(self.ledger, self.reader, self.vector_state, self.vectors)
         self.feedback = FeedbackDesk(self.ledger, on_write)
@@ -120,9 +121,28 @@ class Service:
         principal.require(scope)  # before any record is read: a key without the scope learns nothing
         # feedback's entry id carries its pack's subject tag (core.ids.subject_tag), as the pack's id does
         context_hex = parse_id(params.get("context_id"), "ctx")
-        return self.idempotency.run(principal, route, idempotency_key, params, body,
-                                    lambda attempt: run(self, principal, params, body, attempt),
-                                    tag=tag_of(context_hex) if context_hex else None)
+        try:
+            outcome = self.idempotency.run(principal, route, idempotency_key, params, body,
+                                           lambda attempt: run(self, principal, params, body, attempt),
+                                           tag=tag_of(context_hex) if context_hex else None)
+        except StoreError:
+            # the entry may have landed with the store's answer lost: ask for
+            # the rebuild it would have asked for (a rebuild with nothing new
+            # costs a listing), or it waits for the schedule
+            self._ask_rebuild(principal.org_id)
+            raise
+        if outcome.replay:
+            # the first attempt stored its entry but may not have lived to ask
+            self._ask_rebuild(principal.org_id)
+        return outcome
+
+    def _ask_rebuild(self, org_id: str) -> None:
+        if self.on_write is None:
+            return
+        try:
+            self.on_write(org_id)
+        except Exception:  # never fails the answer: the schedule catches the write up
+            logging.getLogger("titen").exception("asking for %s's rebuild failed", org_id)
 
     def builder(self, org_id: str, progress=None) -> SnapshotBuilder:
         return SnapshotBuilder(self.store, org_id, work_dir=os.path.join(self.settings.cache_dir, "build"),

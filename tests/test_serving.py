@@ -132,6 +132,48 @@ def test_a_local_disk_failure_answers_503_unavailable_not_a_500(tmp_path):
         assert response.json()["error"] == {"code": "UNAVAILABLE", "message": "the store is unavailable; retry shortly"}
 
 
+class Asked:
+    """A rebuild host that records each organization it is asked to rebuild."""
+
+    def __init__(self):
+        self.asked = []
+
+    def request(self, org_id):
+        self.asked.append(org_id)
+
+    def rebuild(self, org_id, from_scratch, force):
+        raise AssertionError("not asked to rebuild now")
+
+
+def test_a_write_whose_answer_was_lost_still_asks_for_its_rebuild_and_so_does_its_replay(tmp_path, monkeypatch):
+    """The entry landed, the store's answer did not: the write answers 503,
+    and its retry under the same key replays the stored answer. Either way
+    the organization's rebuild is asked for, or the write waits for the
+    schedule (docs/api.md §12)."""
+    from core.storage import StoreError
+
+    host = Asked()
+    service = Service(_settings(tmp_path), rebuilds=host)
+    api = Api(service)
+    key = {**api.key(), "idempotency-key": "lost-1"}
+    real = service.store.put_if_absent
+
+    def lands_then_fails(k, body):
+        etag = real(k, body)
+        if "/ledger/" in k:
+            raise StoreError("injected: the answer was lost")
+        return etag
+    monkeypatch.setattr(service.store, "put_if_absent", lands_then_fails)
+    body = {"subject_id": "user_rama", "kind": "tool_result", "content": "Smoke passed.",
+            "source": {"type": "tool", "ref": "r"}}
+    lost = api.post("/v1/observations", body, key)
+    assert lost.status_code == 503 and host.asked == ["acme"]
+    monkeypatch.undo()
+    again = api.post("/v1/observations", body, key)
+    assert again.status_code == 201 and again.json()["meta"]["idempotent_replay"] is True
+    assert host.asked == ["acme", "acme"]
+
+
 def test_a_burst_of_writes_asks_the_supervisor_once_per_message_in_flight(tmp_path):
     """While one request is on its way, the writes behind it are folded into
     the next: a burst costs a few messages, not one per write."""
