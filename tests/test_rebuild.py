@@ -224,6 +224,7 @@ def test_an_incremental_build_adds_an_index_its_base_was_built_without(store, tm
     from core.snapshot.schema import DDL, LATER_INDEXES
     ids = {_write(store, "acme", f"fact {i}") for i in range(4)}
     monkeypatch.setattr(core.snapshot.build, "DDL", DDL.replace(LATER_INDEXES, ""))
+    monkeypatch.setattr(core.snapshot.build, "LATER_INDEXES", "")
     _builder(store, tmp_path).rebuild()
     monkeypatch.undo()
 
@@ -242,6 +243,26 @@ def test_an_incremental_build_adds_an_index_its_base_was_built_without(store, tm
     assert result.entries_applied == 1 and not result.notes  # extended, not replayed
     assert "claims_valid" in indexes()
     assert _claim_ids(store, tmp_path) == ids
+
+
+def test_a_build_with_nothing_new_leaves_a_generation_without_a_later_index_as_it_is(store, tmp_path, monkeypatch):
+    """The index is added by the first build that publishes: one that finds
+    nothing new changes nothing, so its kept copy serves the next build and
+    nothing is downloaded again."""
+    import core.snapshot.build
+    from core.snapshot.schema import DDL, LATER_INDEXES
+    for i in range(4):
+        _write(store, "acme", f"fact {i}")
+    monkeypatch.setattr(core.snapshot.build, "DDL", DDL.replace(LATER_INDEXES, ""))
+    monkeypatch.setattr(core.snapshot.build, "LATER_INDEXES", "")
+    _builder(store, tmp_path).rebuild()
+    monkeypatch.undo()
+    fetched = []
+    real = core.snapshot.build.fetch_whole
+    monkeypatch.setattr(core.snapshot.build, "fetch_whole", lambda *a, **k: (fetched.append(1), real(*a, **k))[1])
+    results = [_builder(store, tmp_path).rebuild() for _ in range(3)]
+    assert [r.published for r in results] == [False, False, False]
+    assert fetched == []
 
 
 def test_a_reader_refuses_a_generation_of_another_schema_version(store, tmp_path, monkeypatch):

@@ -317,6 +317,11 @@ class SnapshotBuilder:
                 and self._vectors_current(pointer) and "watermark" in pointer):
             return None
         generation = (pointer["generation"] if pointer else 0) + 1
+        with db:
+            # a generation built before one of them gains it, in the first
+            # generation built from it (not before: a build that publishes
+            # nothing must leave its kept copy as published)
+            db.execute(LATER_INDEXES)
         self.progress(f"{self.org_id}: updating the candidate index")
         with db:
             # after the last change to claims_fts
@@ -438,8 +443,6 @@ class SnapshotBuilder:
             if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                 raise RuntimeError("the work file did not enter WAL mode: its changed pages cannot be captured")
             self.base = base
-            with db:
-                db.execute(LATER_INDEXES)  # a generation built before one of them gains it (once)
         return db
 
     def _replay_because(self, why: str) -> None:

@@ -27,7 +27,7 @@ from core.lexical import FTS_DDL
 SCHEMA_VERSION = 6
 
 # Indexes added after SCHEMA_VERSION 6, as statements that create them where
-# missing: an incremental build adds them to the generation it extends, so a
+# missing: the first build that publishes from an older generation adds them, so a
 # release adding one serves the older generations as they are.
 # claims_valid: compile lists the subject's rows valid at a time through it
 # when they are few (a task ``at`` before the subject's memory, a subject
