@@ -141,17 +141,24 @@ def supervise(service) -> Shared:
     return shared
 
 
+BACKLOG = 2048  # uvicorn's default
+
+
 def bind(host: str, port: int) -> socket.socket:
-    """The listening socket, bound before the supervisor touches the data
-    directory: a port another ``titen serve`` holds stops this one here,
-    before it rebuilds or sweeps caches in a directory that server may own.
-    (As uvicorn binds: SO_REUSEADDR, IPv6 for a host with a colon; OSError
-    when the address is taken or not this machine's.)"""
+    """The listening socket, bound and listening before the supervisor
+    touches the data directory: a port another ``titen serve`` holds (even
+    one still starting up) stops this one here, before it rebuilds or sweeps
+    caches in a directory that server may own. Listening at once matters:
+    with SO_REUSEADDR a second socket may bind a port that is bound but not
+    yet listening. A connection made before the servers start waits in the
+    backlog. (As uvicorn binds: SO_REUSEADDR, IPv6 for a host with a colon;
+    OSError when the address is taken or not this machine's.)"""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family=family, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+        sock.listen(BACKLOG)
     except OSError:
         sock.close()
         raise
@@ -177,10 +184,9 @@ def serve(service, sock: socket.socket, *, host: str, workers: int, log_level: s
                                       shared.written), factory=True, host=host,
                             port=port, workers=workers, log_level=log_level, access_log=log_level == "debug",
                             http=EnvelopeHttpToolsProtocol, **SERVER_SETTINGS)
-    # listening from here, so a connection made once "listening" is printed
-    # waits in the backlog for the first server process rather than being
-    # refused while they start (about a second; uvicorn's workers listen later)
-    sock.listen(config.backlog)
+    # listening since ``bind``, so a connection made once "listening" is
+    # printed waits in the backlog for the first server process rather than
+    # being refused while they start (about a second)
     print(f"titen listening on http://{host}:{port} with {workers} server process"
           f"{'es' if workers != 1 else ''} (store {service.store.url})", file=sys.stderr)
     try:

@@ -230,18 +230,27 @@ def _http(method, url, body=None, key=None):
         return exc.code, json.loads(exc.read())
 
 
-def test_serve_on_a_port_already_taken_stops_before_touching_the_data_directory(tmp_path, capsys):
+@pytest.mark.parametrize("holder", ["a server listening", "a titen serve still starting"])
+def test_serve_on_a_port_already_taken_stops_before_touching_the_data_directory(tmp_path, capsys, holder):
     """Another server may own the directory: nothing is rebuilt, swept or
-    created in it, and the reason is one line."""
+    created in it, and the reason is one line. A titen serve that is still
+    starting up holds its port too (bound and listening before its startup
+    rebuilds: with SO_REUSEADDR a port bound but not listening can be bound
+    again)."""
     import socket
+
+    from core.serving import bind
 
     run(capsys, "keys", "create", "--org", "acme", "--principal", "rama", "--json", "--data-dir", str(tmp_path),
         "--scopes", "context:compile,memory:write")
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
-    taken = socket.socket()
-    try:
+    if holder == "a server listening":
+        taken = socket.socket()
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
+    else:
+        taken = bind("127.0.0.1", 0)
+    try:
         port = taken.getsockname()[1]
         done = subprocess.run([sys.executable, "-m", "core.cli", "serve", "--port", str(port),
                                "--data-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
