@@ -307,9 +307,16 @@ class LocalStore(Store):
         self._link_into_place(tmp, target, key)
         return etag
 
-    @_disk_failure_is_store_failure
     def download_file(self, key: str, path: str) -> None:
         source = self._path(key)
         if not os.path.isfile(source):
             raise ObjectNotFound(key)
-        shutil.copyfile(source, path)
+        try:
+            shutil.copyfile(source, path)
+        except OSError as exc:
+            # the destination is the caller's disk (a reader's cache, a
+            # build's work file): its failures stay the caller's OSError
+            if exc.filename != source:
+                raise
+            raise StoreError(f"the local store at {self.root} failed to download {key}: "
+                             f"{exc.strerror or exc}") from exc
