@@ -261,6 +261,45 @@ def test_the_sqs_event_file_drives_the_handler_with_a_partial_batch_response(lam
     assert read_pointer(lam.store, "demo")[0]["generation"] == 1
 
 
+def test_a_batch_whose_organizations_cannot_be_listed_is_retried_whole_not_raised(lam, monkeypatch, capsys):
+    """The store failing at the start of a batch: a partial-batch answer
+    naming every message (SQS retries each), and a failed line per
+    organization, not an invocation error."""
+    from core.storage import StoreError
+    observe(lam, "Deploy smoke checks must pass before a release is promoted.")
+    messages = receive(lam)
+
+    def fails():
+        raise StoreError("injected: listing failed")
+    monkeypatch.setattr(lam.rebuild.service.ledger, "organizations", fails)
+    capsys.readouterr()
+    assert deliver(lam, messages) == {m["MessageId"] for m in messages}
+    (line,) = rebuild_lines(capsys)
+    assert line["status"] == "failed" and "listing the organizations failed" in line["error"]
+    monkeypatch.undo()
+    assert deliver(lam, messages) == set()  # retried: served
+    assert read_pointer(lam.store, "demo")[0]["claim_count"] == 1
+
+
+@pytest.mark.parametrize("damage", ["no messageId", "not from SQS"])
+def test_a_record_that_is_not_an_sqs_message_is_rejected_alone(lam, capsys, damage):
+    """Never a schedule pass over every organization, never a KeyError: the
+    other records of the event are served."""
+    observe(lam, "Deploy smoke checks must pass before a release is promoted.")
+    event = sqs_event(receive(lam))
+    odd = dict(event["Records"][0])
+    if damage == "no messageId":
+        del odd["messageId"]
+    else:
+        odd["eventSource"] = "aws:kinesis"
+    capsys.readouterr()
+    response = lam.rebuild.handler({"Records": [odd, *event["Records"]]}, LambdaContext())
+    assert response == {"batchItemFailures": []}
+    lines = rebuild_lines(capsys)
+    assert [line["status"] for line in lines] == ["rejected", "published"]
+    assert read_pointer(lam.store, "demo")[0]["generation"] == 1
+
+
 def test_a_request_the_serving_generation_covers_is_acknowledged_without_a_rebuild(lam, capsys):
     observe(lam, "Deploy smoke checks must pass before a release is promoted.")
     first = receive(lam)

@@ -97,9 +97,10 @@ def _line(org_id: str, status: str, generation, **extra) -> dict:
 
 
 def _is_sqs(event) -> bool:
+    """An event with records is a batch of messages, never the schedule (a
+    record that is not a well-formed SQS message is rejected on its own)."""
     records = event.get("Records") if isinstance(event, dict) else None
-    return isinstance(records, list) and bool(records) and all(
-        isinstance(r, dict) and r.get("eventSource") == "aws:sqs" for r in records)
+    return isinstance(records, list) and bool(records)
 
 
 class RebuildRunner:
@@ -189,24 +190,34 @@ class RebuildRunner:
         the same time (one's follow-up wait or slow build holds up no
         other); the failed ones' messages retried."""
         requests: dict[str, tuple[list[str], float]] = {}
-        registered: set[str] | None = None
+        parsed: list[tuple[str, float, str]] = []
         for record in event["Records"]:
             # a rejected message is never retried: no rebuild can serve it (it leaves the queue)
+            record = record if isinstance(record, dict) else {}
+            message_id = record.get("messageId")
             try:
+                if record.get("eventSource") != "aws:sqs" or not isinstance(message_id, str) or not message_id:
+                    raise RebuildRequestInvalid("not an SQS message (eventSource aws:sqs, a messageId)")
                 org_id, not_before = parse_request(record.get("body", ""))
             except RebuildRequestInvalid as exc:
-                self.emit({"event": "rebuild", "status": "rejected", "message_id": record.get("messageId"),
-                           "error": str(exc)})
+                self.emit({"event": "rebuild", "status": "rejected", "message_id": message_id, "error": str(exc)})
                 continue
-            if registered is None:
+            parsed.append((org_id, not_before, message_id))
+        if parsed:
+            try:
                 registered = set(self.service.ledger.organizations())
+            except Exception as exc:  # the store failed: every message is retried, none is lost
+                for org_id in dict.fromkeys(org for org, _, _ in parsed):
+                    self.emit(_line(org_id, "failed", None, error=f"listing the organizations failed: "
+                                                                   f"{type(exc).__name__}: {exc}"))
+                return {"batchItemFailures": [{"itemIdentifier": message_id} for _, _, message_id in parsed]}
+        for org_id, not_before, message_id in parsed:
             if org_id not in registered:  # as a direct invoke refuses it: nothing is built for it
-                self.emit({"event": "rebuild", "status": "rejected", "org_id": org_id,
-                           "message_id": record.get("messageId"),
+                self.emit({"event": "rebuild", "status": "rejected", "org_id": org_id, "message_id": message_id,
                            "error": f"no organization {org_id!r} is registered"})
                 continue
             ids, latest = requests.get(org_id, ([], 0.0))
-            requests[org_id] = (ids + [record["messageId"]], max(latest, not_before))
+            requests[org_id] = (ids + [message_id], max(latest, not_before))
 
         def serve(org_id: str, ids: list[str], not_before: float) -> dict:
             if _remaining_ms(context) < TIME_MARGIN_MS:
