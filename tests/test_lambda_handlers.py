@@ -127,6 +127,18 @@ def test_healthz_answers_through_mangum_with_a_request_id(lam):
     assert body["meta"]["request_id"].startswith("req_")
 
 
+@pytest.mark.parametrize("name", ["healthz.json", "readyz.json"])
+def test_head_answers_through_mangum_with_the_gets_status_and_headers_and_no_body(lam, name):
+    get = lam.api.handler(event(name, lam.key), LambdaContext())
+    evt = event(name, lam.key)
+    evt["requestContext"]["http"]["method"] = "HEAD"
+    head = lam.api.handler(evt, LambdaContext())
+    assert head["statusCode"] == get["statusCode"] == 200
+    assert head["body"] == ""
+    assert head["headers"]["content-type"] == get["headers"]["content-type"]
+    assert head["headers"]["x-request-id"].startswith("req_")
+
+
 def _unreadable(name, change):
     evt = event(name, "titen_sk_" + "A" * 43)
     change(evt)

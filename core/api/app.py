@@ -66,6 +66,26 @@ def _readable_claims(snapshot: Snapshot | None, principal: Principal) -> int:
         return readable_claim_count(snapshot.db, principal)
 
 
+class HeadAnswersWithoutBody:
+    """HTTP: the answer to HEAD is the GET's status and headers, no body.
+    uvicorn drops the body itself (``titen serve``); Mangum, on Lambda, sends
+    whatever the app sends."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def sending(message):
+            if message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await send(message)
+        await self.app(scope, receive, sending)
+
+
 def create_app(service: Service) -> Starlette:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     @endpoint(service, auth=False, inline=True)
@@ -198,7 +218,7 @@ def create_app(service: Service) -> Starlette:
     # one line (and one metrics document) per request: core/observe/request_line.py
     observe = Middleware(RequestLine, metrics=service.metrics, log_format=service.settings.log_format)
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: crash},
-                    middleware=[observe])
+                    middleware=[Middleware(HeadAnswersWithoutBody), observe])
     # a path with a slash too many is an unknown route (404 in the envelope),
     # not a bare 307 to the route without it
     app.router.redirect_slashes = False
