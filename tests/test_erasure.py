@@ -923,6 +923,33 @@ def test_every_feedback_on_a_kept_claim_of_a_pack_that_goes_goes_repeats_include
     assert from_scratch_agrees(world, incremental)
 
 
+@pytest.mark.parametrize("skew", [0, None], ids=["no skew window", "the default skew window"])
+def test_a_late_feedback_entry_behind_a_moved_stub_is_stubbed_and_counted_once(world, monkeypatch, skew):
+    """A write landing late is stored under a fresh key behind a moved stub
+    at its own (core/ledger.py): the purge reads it through both keys, and
+    the subject's tag finds the stub's key a third time."""
+    import dataclasses
+
+    import core.ledger
+    api, key, service = world["api"], world["key"], world["service"]
+    if skew is not None:
+        monkeypatch.setattr(service, "settings", dataclasses.replace(service.settings, skew_seconds=skew))
+    claim_id, gone = feedback_on_a_kept_claim(world)
+    pack = api.compile(key, "gannet rota", subject_id="subj_w", at=AT).json()["data"]
+    monkeypatch.setattr(core.ledger, "LATE_AFTER_SECONDS", -1)  # this feedback lands "late"
+    sent = api.post(f"/v1/context/{pack['context_id']}/feedback",
+                    {"outcome": "harmful", "claim_id": claim_id, "reason_code": "movedreasonzz"}, key)
+    assert sent.status_code == 201, sent.text
+    monkeypatch.setattr(core.ledger, "LATE_AFTER_SECONDS", 60)
+    api.rebuild(key)
+    asked = erase(world, f"/v1/observations/{gone}")
+    api.rebuild(key)
+    done = status(world, asked["erasure_id"]).json()["data"]
+    assert done["status"] == "complete"
+    assert found(world, ["movedreasonzz", FEEDBACK_REASON]) == []
+    assert (done["counts"]["context_runs"], done["counts"]["feedback"]) == (2, 2), done["counts"]
+
+
 @pytest.mark.parametrize("target", ["subject", "observation"])
 def test_a_pack_compiled_while_the_erasure_was_pending_goes_with_what_it_erased(world, target):
     """A pack compiled after the erasure was asked, before a rebuild carried

@@ -366,12 +366,13 @@ class LedgerPurge:
         self.trusts: dict[str, str | None] = {}
         with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
             self.pool = pool
-            read = self._read_all([k for k in self._candidates(target, db) if k not in self._inert])
+            candidates = [k for k in self._candidates(target, db) if k not in self._inert]
+            read = _once(self._read_all(candidates))
+            # every key read, as listed and as resolved (a moved stub's and its entry's)
+            read_keys = set(candidates) | {found[0] for found in read}
             writes, settled = [], []
             feedback_kept = []  # feedback on a claim that stays: it may still go with its pack
             for found in read:
-                if found is None:
-                    continue
                 key, etag, entry = found
                 if entry.get("type") in INERT_TYPES:
                     self._inert.add(key)
@@ -394,7 +395,7 @@ class LedgerPurge:
             # before its older versions went: they go now
             list(pool.map(self.store.purge_history, settled))
             self._purge_runs(target)
-            self._purge_feedback_on_runs(target, feedback_kept, {found[0] for found in read if found})
+            self._purge_feedback_on_runs(target, feedback_kept, read_keys)
             if target.taken:  # claims an earlier attempt took are named here only by hash: so are their heads
                 for key in self.store.list_keys(claim_heads_prefix(self.org_id)):
                     target.takes_claim("claim_" + entry_hex_of(key))
@@ -648,8 +649,8 @@ class LedgerPurge:
         tag = self._tag(target)
         if tag is None:
             return
-        keys = [k for k in self._ledger_keys()
-                if k.endswith(RUN_SUFFIX) and tag_of(entry_hex_of(k)) == tag and (within is None or k in within)]
+        keys = [k for k in (self._ledger_keys() if within is None else sorted(within))
+                if k.endswith(RUN_SUFFIX) and tag_of(entry_hex_of(k)) == tag]
         feedback, writes, settled = [], [], []
         for found in self._read_all(keys):
             if found is None:
@@ -702,10 +703,15 @@ class LedgerPurge:
         if not target.runs and not target.taken:
             return
         tag = self._tag(target)
-        keys = {k for k in self._ledger_keys()
+        # feedback is sent after its pack: none is older than the oldest pack
+        # this erasure stubbed (less the skew window); packs stubbed by an
+        # earlier attempt and known by hash alone leave no such bound
+        oldest = None if target.taken else min(
+            (uuid7_floor_hex(uuid7_ms(c[len("ctx_"):]) - self.skew_ms) for c in target.runs), default=None)
+        keys = {k for k in (self._ledger_keys() if within is None else within)
                 if not k.endswith(RUN_SUFFIX) and tag is not None and tag_of(entry_hex_of(k)) == tag
-                and (within is None or k in within)}
-        more = [found for found in self._read_all(sorted(keys - read_keys)) if found is not None]
+                and (oldest is None or entry_hex_of(k) >= oldest)}
+        more = [found for found in _once(self._read_all(sorted(keys - read_keys))) if found[0] not in read_keys]
         writes, settled = [], []
         for key, etag, entry in [*kept, *more]:
             if entry.get("type") == "feedback" and target.takes_run(entry.get("context_id")):
@@ -744,6 +750,18 @@ class LedgerPurge:
                 self._purge_feedback_on_runs(target, [], set(), within=late)
                 records, self._records = self._records, []
                 list(pool.map(lambda r: self._forget_request(*r, target.erasure_id), records))
+
+
+def _once(read: list) -> list[tuple[str, str, dict]]:
+    """What was read, each entry once: a moved stub and the entry it points
+    to (both listed) resolve to the same key."""
+    seen: set[str] = set()
+    out = []
+    for found in read:
+        if found is not None and found[0] not in seen:
+            seen.add(found[0])
+            out.append(found)
+    return out
 
 
 def _cites(run: dict, target: Target) -> bool:
