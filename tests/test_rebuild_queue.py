@@ -281,7 +281,7 @@ def test_a_batch_whose_organizations_cannot_be_listed_is_retried_whole_not_raise
     assert read_pointer(lam.store, "demo")[0]["claim_count"] == 1
 
 
-@pytest.mark.parametrize("damage", ["no messageId", "not from SQS"])
+@pytest.mark.parametrize("damage", ["no messageId", "not from SQS", "a body nested too deep"])
 def test_a_record_that_is_not_an_sqs_message_is_rejected_alone(lam, capsys, damage):
     """Never a schedule pass over every organization, never a KeyError: the
     other records of the event are served."""
@@ -290,8 +290,11 @@ def test_a_record_that_is_not_an_sqs_message_is_rejected_alone(lam, capsys, dama
     odd = dict(event["Records"][0])
     if damage == "no messageId":
         del odd["messageId"]
-    else:
+    elif damage == "not from SQS":
         odd["eventSource"] = "aws:kinesis"
+    else:
+        odd["body"] = "[" * 100_000 + "]" * 100_000
+        odd["messageId"] = "deep"
     capsys.readouterr()
     response = lam.rebuild.handler({"Records": [odd, *event["Records"]]}, LambdaContext())
     assert response == {"batchItemFailures": []}

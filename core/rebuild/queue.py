@@ -88,7 +88,7 @@ def parse_request(body: str) -> tuple[str, float]:
     try:
         data = json.loads(body)
         org_id, not_before = data["org_id"], parse_instant(data["not_before"]).timestamp()
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:  # RecursionError: nested too deep
         raise RebuildRequestInvalid(f"not a rebuild request: {type(exc).__name__}") from None
     if not isinstance(org_id, str) or not ORG_ID.fullmatch(org_id):
         raise RebuildRequestInvalid("not a rebuild request: bad org_id")
