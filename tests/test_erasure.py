@@ -20,7 +20,7 @@ import boto3
 import pytest
 
 from core.config import Settings
-from core.errors import NotFound
+from core.errors import NotFound, Unavailable
 from core.ids import entry_hex
 from core.layout import entry_key
 from core.service import Service
@@ -986,6 +986,57 @@ def test_a_pack_compiled_from_the_older_generation_while_the_erasure_ran_goes_be
     assert done["status"] == "complete"
     assert api.get(f"/v1/context/{during[0]['context_id']}", key).status_code == 404
     assert found(world, S_MARKS + ["subj_s"]) == []
+
+
+def _compile_during_the_purge(world, monkeypatch, during: list) -> None:
+    """A compile from the older generation right after the purge listed the ledger."""
+    from core.erasure.work import ErasureWork
+    api, key = world["api"], world["key"]
+    real_purge = ErasureWork.purge
+
+    def purge_then_compile(self, db):
+        real_purge(self, db)
+        during.append(api.compile(key, f"{S_MARKS[1]} deploy", subject_id="subj_s", at=AT).json()["data"])
+    monkeypatch.setattr(ErasureWork, "purge", purge_then_compile)
+
+
+@pytest.mark.parametrize("where", ["the readers' wait", "the late sweep"])
+def test_a_pack_compiled_during_an_erasure_whose_build_failed_after_publishing_goes_before_it_is_complete(
+        world, monkeypatch, where):
+    """The build that finishes the erasure (``recover``) purges the ledger
+    again, so the pack the failed build's late sweep never reached goes too."""
+    from core.erasure.purge import LedgerPurge
+    api, key = world["api"], world["key"]
+    asked = erase(world, "/v1/subjects/subj_s")
+    during = []
+    _compile_during_the_purge(world, monkeypatch, during)
+    if where == "the readers' wait":
+        real = SnapshotBuilder._before_complete
+        calls = []
+
+        def dies_once(self, *args, **kwargs):  # a Lambda timeout during the readers' TTL wait, say
+            calls.append(1)
+            if len(calls) == 1:
+                raise Unavailable("killed during the readers' wait")
+            return real(self, *args, **kwargs)
+        monkeypatch.setattr(SnapshotBuilder, "_before_complete", dies_once)
+    else:
+        real_sweep = LedgerPurge.sweep_late
+        armed = [True]
+
+        def sweep(self, carried):
+            if armed.pop() if armed else False:
+                fail_once(monkeypatch, world["store"], "compare_and_swap", lambda k: k.endswith(".run.json"))
+            return real_sweep(self, carried)
+        monkeypatch.setattr(LedgerPurge, "sweep_late", sweep)
+    assert api.post("/v1/admin/rebuild", b"", key).status_code != 200
+    assert during and any(S_MARKS[1] in item["claim"] for item in during[0]["items"])
+    api.rebuild(key)
+    done = status(world, asked["erasure_id"]).json()["data"]
+    assert done["status"] == "complete"
+    assert api.get(f"/v1/context/{during[0]['context_id']}", key).status_code == 404
+    assert found(world, S_MARKS + ["subj_s"]) == []
+    assert (done["counts"]["observations"], done["counts"]["claims"], done["counts"]["feedback"]) == (4, 4, 2)
 
 
 @pytest.mark.parametrize("store", ["s3"], indirect=True)

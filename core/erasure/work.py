@@ -199,6 +199,15 @@ class ErasureWork:
             # carries them (core/snapshot/build.py names them again)
             self.targets = [(r, target_of(r)) for r in still]
             before_complete()  # (the build's work files: core/snapshot/workfiles.py, ``drain``)
+            # The build that published stopped before its late sweep (or in
+            # it): packs compiled from the older generation meanwhile may
+            # hold what it erased. The ledger purge again, over the whole
+            # ledger (what is done is known by its stubs and counted as
+            # before), stubs them, whenever they were compiled.
+            purge = LedgerPurge(self.store, self.org_id, self.skew_ms, self.progress)
+            for record, target in self.targets:
+                self.progress(f"{self.org_id}: erasure {record['erasure_id']}: purging the ledger again")
+                self.purged[record["erasure_id"]] = purge.carry_out(target, None)
             self.complete(erased)
             self.targets = []  # complete now: this build carries none of them out again
 
