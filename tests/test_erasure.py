@@ -779,10 +779,9 @@ def test_a_stored_pack_citing_an_erased_observation_goes_with_the_citation(world
 FEEDBACK_REASON = "ibexfeedbackreason"
 
 
-def feedback_on_a_kept_claim(world) -> tuple[str, str]:
-    """A pack citing an observation about to be erased, whose one claim has
-    other support and stays, and feedback with a reason on that claim in
-    that pack: (the claim id, the observation id)."""
+def a_pack_of_a_claim_supported_twice(world) -> tuple[str, str, dict]:
+    """A pack whose one claim two observations support, one of them about to
+    be erased: (the claim id, that observation's id, the pack)."""
     api, key = world["api"], world["key"]
     kept = api.observe(key, subject_id="subj_w", content="Kept evidence.")
     gone = api.observe(key, subject_id="subj_w", content="Evidence to forget.")
@@ -794,12 +793,21 @@ def feedback_on_a_kept_claim(world) -> tuple[str, str]:
     api.rebuild(key)
     pack = api.compile(key, "gannet rota", subject_id="subj_w", at=AT).json()["data"]
     assert [i["claim_id"] for i in pack["items"]] == [claim_id]
+    return claim_id, gone["observation_id"], pack
+
+
+def feedback_on_a_kept_claim(world) -> tuple[str, str]:
+    """A pack citing an observation about to be erased, whose one claim has
+    other support and stays, and feedback with a reason on that claim in
+    that pack: (the claim id, the observation id)."""
+    api, key = world["api"], world["key"]
+    claim_id, gone, pack = a_pack_of_a_claim_supported_twice(world)
     sent = api.post(f"/v1/context/{pack['context_id']}/feedback",
                     {"outcome": "harmful", "claim_id": claim_id, "reason_code": FEEDBACK_REASON}, key)
     assert sent.status_code == 201, sent.text
     api.rebuild(key)
     assert feedback_on(world, claim_id) == (1, 1) and found(world, [FEEDBACK_REASON])
-    return claim_id, gone["observation_id"]
+    return claim_id, gone
 
 
 def feedback_on(world, claim_id: str) -> tuple[int, int]:
@@ -901,22 +909,14 @@ def test_every_feedback_on_a_kept_claim_of_a_pack_that_goes_goes_repeats_include
     import dataclasses
     api, key, service = world["api"], world["key"], world["service"]
     monkeypatch.setattr(service, "settings", dataclasses.replace(service.settings, skew_seconds=0))
-    kept = api.observe(key, subject_id="subj_w", content="Kept evidence.")
-    gone = api.observe(key, subject_id="subj_w", content="Evidence to forget.")
-    claim_id = api.post("/v1/consolidations", {"subject_id": "subj_w", "claims": [
-        {"statement": "The gannet rota is supported twice.", "kind": "semantic_fact", "confidence": 0.9,
-         "sources": [{"observation_id": kept["observation_id"], "relation": "supports"},
-                     {"observation_id": gone["observation_id"], "relation": "supports"}]}]},
-        key).json()["data"]["claim_ids"][0]
-    api.rebuild(key)
-    pack = api.compile(key, "gannet rota", subject_id="subj_w", at=AT).json()["data"]
+    claim_id, gone, pack = a_pack_of_a_claim_supported_twice(world)
     for reason in ("firstreasonzz", "secondreasonzz"):
         sent = api.post(f"/v1/context/{pack['context_id']}/feedback",
                         {"outcome": "harmful", "claim_id": claim_id, "reason_code": reason}, key)
         assert sent.status_code == 201, sent.text
         api.rebuild(key)
     assert found(world, ["firstreasonzz", "secondreasonzz"])
-    erase(world, f"/v1/observations/{gone['observation_id']}")
+    erase(world, f"/v1/observations/{gone}")
     incremental = api.rebuild(key)
     assert found(world, ["firstreasonzz", "secondreasonzz"]) == []
     assert feedback_on(world, claim_id) == (0, 0)

@@ -153,6 +153,15 @@ def _listings(monkeypatch) -> list:
 U1 = Principal("org", "u1", "key", frozenset({"context:compile"}), ())
 
 
+def _both_ways(db: apsw.Connection, scope: CompileScope, task: str = "deploy smoke") -> tuple[list, list]:
+    """(the FTS5 candidate query's answer, the candidate index's with the scope's narrowers)."""
+    plan = plan_query(task)
+    where, params = scope.where()
+    return (fts_candidates(db, where, params, plan.match, 200),
+            lexical.top_candidates(db, scope.subject_id, reader_tags(scope.principal), where, params, plan.terms,
+                                   200, scope.narrowers()))
+
+
 def test_a_rare_project_is_answered_from_its_listed_rows_exactly_as_fts5(monkeypatch):
     # one project among many: its few rows are listed through the claims_scope index
     # instead of checking nearly every match of the subject by rowid
@@ -160,11 +169,7 @@ def test_a_rare_project_is_answered_from_its_listed_rows_exactly_as_fts5(monkeyp
                       lambda i: ("rare" if i % 97 == 0 else f"p{i % 40}", TIMES[0], None))
     listed = _listings(monkeypatch)
     scope = CompileScope(U1, "s1", "rare", TIMES[1])
-    plan = plan_query("deploy smoke")
-    where, params = scope.where()
-    expected = fts_candidates(db, where, params, plan.match, 200)
-    got = lexical.top_candidates(db, "s1", reader_tags(scope.principal), where, params, plan.terms, 200,
-                                 scope.narrowers())
+    expected, got = _both_ways(db, scope)
     assert len(expected) == 21 and got == expected
     assert len(listed) == 1  # every match decided by one listing
 
@@ -186,11 +191,7 @@ def test_few_rows_valid_at_the_tasks_time_are_answered_from_their_listing_exactl
     db = _one_subject(random.Random(7), 2000, lambda i: (None, *window(i)))
     listed = _listings(monkeypatch)
     scope = CompileScope(U1, "s1", None, at)
-    plan = plan_query("deploy smoke")
-    where, params = scope.where()
-    expected = fts_candidates(db, where, params, plan.match, 200)
-    got = lexical.top_candidates(db, "s1", reader_tags(scope.principal), where, params, plan.terms, 200,
-                                 scope.narrowers())
+    expected, got = _both_ways(db, scope)
     assert len(expected) == valid and got == expected
     assert len(listed) == 1
 
@@ -201,11 +202,7 @@ def test_a_subject_with_a_third_of_its_claims_lapsed_is_answered_by_checks_not_b
     db = _one_subject(random.Random(7), 2000, lambda i: (None, TIMES[0], TIMES[1] if i % 3 == 0 else None))
     listed = _listings(monkeypatch)
     scope = CompileScope(U1, "s1", None, TIMES[2])
-    plan = plan_query("deploy smoke")
-    where, params = scope.where()
-    expected = fts_candidates(db, where, params, plan.match, 200)
-    got = lexical.top_candidates(db, "s1", reader_tags(scope.principal), where, params, plan.terms, 200,
-                                 scope.narrowers())
+    expected, got = _both_ways(db, scope)
     assert len(expected) == 200 and got == expected
     assert listed == []
 
@@ -228,11 +225,7 @@ def test_a_snapshot_built_before_claims_valid_checks_every_match_and_answers_the
     db.execute("DROP INDEX claims_valid")
     listed = _listings(monkeypatch)
     scope = CompileScope(U1, "s1", None, at)
-    plan = plan_query("deploy smoke")
-    where, params = scope.where()
-    expected = fts_candidates(db, where, params, plan.match, 200)
-    got = lexical.top_candidates(db, "s1", reader_tags(scope.principal), where, params, plan.terms, 200,
-                                 scope.narrowers())
+    expected, got = _both_ways(db, scope)
     assert len(expected) == valid and got == expected
     assert listed == []
 
