@@ -10,6 +10,7 @@ import pytest
 from core.layout import idempotency_prefix
 from core.instants import canonical, now_utc
 from core.storage import StoreError
+from core.writes.idempotency import request_hash
 
 OBSERVATION = {"subject_id": "user_rama", "kind": "tool_result", "content": "Production smoke returned 200.",
                "source": {"type": "tool", "ref": "deploy_456#smoke"}, "visibility": "organization",
@@ -161,6 +162,47 @@ def test_a_null_field_is_the_same_request_as_the_field_absent(api, nulls):
     assert again.status_code == 201, again.text
     assert again.json()["data"] == first["data"] and again.json()["meta"]["idempotent_replay"] is True
     assert api.ledger_keys() == stored
+
+
+@pytest.mark.parametrize("first, retry", [(1, 1.0), (1.0, 1), (1, 1e0)], ids=["1 then 1.0", "1.0 then 1", "1 then 1e0"])
+def test_an_integer_written_as_a_float_is_the_same_request(api, first, retry):
+    # api.md §4: 1.0 and 1e0 are the integer 1, so a serializer that writes numbers as floats replays
+    key = api.key()
+    claim = _claim(api, key)
+    answer = api.post(f"/v1/claims/{claim}/revoke", json.dumps({"expected_version": first}), keyed(key, "k"))
+    assert answer.status_code == 200, answer.text
+    stored = api.ledger_keys()
+    again = api.post(f"/v1/claims/{claim}/revoke", json.dumps({"expected_version": retry}), keyed(key, "k"))
+    assert again.status_code == 200, again.text
+    assert again.json()["data"] == answer.json()["data"] and again.json()["meta"]["idempotent_replay"] is True
+    assert api.ledger_keys() == stored
+
+
+def test_a_confidence_of_one_written_either_way_is_the_same_request(api):
+    key = api.key()
+    one = {**OBSERVATION, "claim": {**OBSERVATION["claim"], "confidence": 1}}
+    first = api.post("/v1/observations", json.dumps(one), keyed(key, "k")).json()
+    again = api.post("/v1/observations", json.dumps(one).replace('"confidence": 1', '"confidence": 1.0'),
+                     keyed(key, "k"))
+    assert again.status_code == 201, again.text
+    assert again.json()["data"] == first["data"] and again.json()["meta"]["idempotent_replay"] is True
+
+
+def test_a_record_hashed_before_integral_floats_were_read_as_integers_still_replays(api):
+    # a retry that spans the release replays instead of answering 409 (core/writes/idempotency.py)
+    key = api.key()
+    one = {**OBSERVATION, "claim": {**OBSERVATION["claim"], "confidence": 1.0}}
+    first = api.post("/v1/observations", json.dumps(one), keyed(key, "k")).json()
+    store = api.service.store
+    [rkey] = records(api)
+    obj = store.get(rkey)
+    record = json.loads(obj.body)
+    record["request_hash"] = request_hash({}, one, integral_floats=False)
+    assert record["request_hash"] != request_hash({}, one)
+    store.compare_and_swap(rkey, json.dumps(record).encode(), obj.etag)
+    again = api.post("/v1/observations", json.dumps(one), keyed(key, "k"))
+    assert again.status_code == 201, again.text
+    assert again.json()["data"] == first["data"] and again.json()["meta"]["idempotent_replay"] is True
 
 
 def test_a_key_is_per_route(api):

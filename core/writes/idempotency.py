@@ -60,20 +60,31 @@ def parse_key(value: str | None) -> str | None:
     return value
 
 
-def _without_nulls(value):
-    """The body as the service reads it: a member set to null is absent
-    (docs/api.md §4), so a retry that adds or drops one is the same request."""
+def _as_read(value, *, integral_floats: bool = True):
+    """The body as the service reads it (docs/api.md §4), so a retry that
+    says the same thing another way is the same request: a member set to null
+    is absent, and a number is its value (``1.0`` and ``1e0`` are ``1``; JSON
+    has one number type, and float-only encoders write every number so)."""
     if isinstance(value, dict):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+        return {k: _as_read(v, integral_floats=integral_floats) for k, v in value.items() if v is not None}
     if isinstance(value, list):
-        return [_without_nulls(v) for v in value]
+        return [_as_read(v, integral_floats=integral_floats) for v in value]
+    if integral_floats and isinstance(value, float) and value.is_integer():
+        return int(value)
     return value
 
 
-def request_hash(params: dict, body) -> str:
-    text = json.dumps({"params": params, "body": _without_nulls(body)}, sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False)
+def request_hash(params: dict, body, *, integral_floats: bool = True) -> str:
+    text = json.dumps({"params": params, "body": _as_read(body, integral_floats=integral_floats)},
+                      sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _same_request(recorded: str, params: dict, body, rhash: str) -> bool:
+    # Records written before integral floats were read as integers (2026-12-07)
+    # hold the older hash; they replay for the 24 hours they live, so a retry
+    # that spans the release is not a conflict. Remove after 2026-12-09.
+    return recorded == rhash or recorded == request_hash(params, body, integral_floats=False)
 
 
 class _ClaimLost(Exception):
@@ -154,7 +165,8 @@ class Idempotency:
                 attempt = Attempt(record_key=rkey, request_hash=rhash, replace_etag=etag, store=self.store,
                                   tag=tag)
             else:
-                if record.get("request_hash") != rhash:
+                if record.get("request_hash") is None or not _same_request(record["request_hash"], params, body,
+                                                                          rhash):
                     if record.get("request_hash") is None:
                         # an erasure dropped the hash: its entry says what went (409)
                         self._answer(record["entry_key"])
