@@ -202,6 +202,27 @@ def test_the_smallest_budget_named_holds_the_envelope_and_one_less_does_not(task
         assert exc.value.needed == needed
 
 
+@pytest.mark.parametrize("letter", ["é", "日", "a "])
+def test_every_budget_from_the_smallest_named_on_holds_the_envelope(letter):
+    """No budget above the named one is refused: a number's width grows at
+    1000, and an envelope of about 1000 tokens must not fit 999 but not 1000."""
+    crossed = False
+    for repeat in range(880, 1000, 7):
+        env = envelope(letter * repeat, 128)
+        needed = smallest_budget(env, 128)
+        for budget in range(needed, needed + 30):
+            pack([], env, budget)  # does not raise
+        if any(envelope_tokens(env, b) > 990 for b in range(needed, needed + 30)):
+            crossed = True
+    assert crossed  # the tasks span the width change of max_tokens at 1000
+
+
+def test_only_the_first_item_costs_less_than_its_own_count():
+    """The premise of pricing used_tokens: the packed items' own counts
+    exceed what they took of the budget by at most the first item's seam."""
+    assert SEAMS.item_next >= SEAMS.item_edges and SEAMS.item_first <= SEAMS.item_edges
+
+
 def _plain(claim_id, claim, kind="procedural"):
     return ({"claim_id": claim_id, "claim": claim, "kind": kind, "confidence": 0.9, "trust": "asserted",
              "status": "active", "observer_id": None, "valid_from": "2026-12-01T00:00:00.000000Z", "valid_to": None,

@@ -24,8 +24,9 @@ is always the same string:
   (``Seams``) is a constant, computed here from the tokenizer.
 
 So ``envelope + Σ item costs`` is the payload's real count, with two slacks:
-the envelope is priced with ``used_tokens`` at its widest (``max_tokens``),
-at most 1 token more than the final number takes, and with its context id
+the envelope is priced with ``used_tokens`` at its widest (what the budget
+leaves after the empty envelope; ``envelope_tokens``), at most 1 token more
+than the final number takes, and with its context id
 at ``CONTEXT_ID_TOKENS``, at most 7 more than the id drawn. The caller still counts
 the final payload with the tokenizer before sending it (``verify``) and
 drops the last item if it were ever over, so the budget holds even if this
@@ -38,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from core.budget.items import dumps, item_suffix, suffix_tokens
+from core.budget.items import dumps, item_suffix, number_tokens, suffix_tokens
 from core.budget.tokens import count_tokens
 
 MAX_PER_KIND = 3
@@ -125,12 +126,22 @@ CONTEXT_ID_MIN_TOKENS = 15
 
 def envelope_tokens(envelope: dict, max_tokens: int) -> int:
     """The real count of ``data`` with no items, its ``used_tokens`` at its
-    widest for this ``max_tokens`` (a number costs one token per three digits)
-    and its context id at its charged cost (``CONTEXT_ID_TOKENS``). Between
-    ``":"`` and ``","`` the id is pieces of its own, so its count adds."""
+    widest for this ``max_tokens`` and its context id at its charged cost
+    (``CONTEXT_ID_TOKENS``). Between ``":"`` and ``","`` the id is pieces of
+    its own, so its count adds; so does a number's, one token per three digits.
+
+    ``used_tokens`` can be no wider than what the budget leaves after the
+    empty envelope, plus the first item's seam (the items' own counts exceed
+    what they take of the budget by that much: ``Seams``). Pricing it at
+    ``max_tokens`` instead made the reserve jump by two tokens at a budget of
+    1000 (both numbers grow a token), so 999 could hold an envelope that
+    1000 could not; priced so, the reserve grows by at most one token a step
+    and every budget from the smallest that holds the envelope holds it."""
     probe = dict(envelope, items=[], conflicts=[])
-    probe["budget"] = dict(envelope["budget"], max_tokens=max_tokens, used_tokens=max_tokens)
-    return count_tokens(dumps(probe)) - count_tokens(envelope["context_id"]) + CONTEXT_ID_TOKENS
+    probe["budget"] = dict(envelope["budget"], max_tokens=max_tokens, used_tokens=0)
+    empty = count_tokens(dumps(probe)) - count_tokens(envelope["context_id"]) + CONTEXT_ID_TOKENS
+    widest = min(max_tokens, max(0, max_tokens - empty + SEAMS.item_edges - SEAMS.item_first))
+    return empty - number_tokens(0) + number_tokens(widest)
 
 
 def smallest_budget(envelope: dict, floor: int) -> int:
