@@ -206,7 +206,8 @@ def test_a_wrong_key_raises_unauthenticated(served):
 
 class Relay:
     """Between the client and the server: ``plan`` says, per attempt, "503"
-    or "500" (answer it here), "cut" (pass it on, then close without answering) or
+    or "500" (answer it here), "gateway 503" (answer as API Gateway does, with
+    its own body), "cut" (pass it on, then close without answering) or
     "pass"; ``seen`` keeps every attempt's method, path and headers."""
 
     def __init__(self, upstream: str, plan: list[str]):
@@ -221,6 +222,14 @@ class Relay:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 relay.seen.append((self.command, self.path, dict(self.headers)))
                 step = relay.plan.pop(0) if relay.plan else "pass"
+                if step == "gateway 503":
+                    raw = b'{"message":"Service Unavailable"}'
+                    self.send_response(503)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(raw)))
+                    self.end_headers()
+                    self.wfile.write(raw)
+                    return
                 if step in ("503", "500"):
                     code = "UNAVAILABLE" if step == "503" else "INTERNAL"
                     raw = json.dumps({"error": {"code": code, "message": "relay says retry"},
@@ -362,6 +371,23 @@ def test_when_every_retry_fails_the_error_is_unavailable(served, relay):
     with pytest.raises(TitenUnavailable) as caught:
         Titen(r.url, keys["all"], retries=2, backoff=0.01).compile("user_rama", "smoke", max_tokens=1200)
     assert caught.value.code == "UNAVAILABLE" and caught.value.status == 503 and len(r.seen) == 3
+
+
+def test_a_gateways_503_without_the_envelope_is_retried_then_unavailable(served, relay):
+    """API Gateway answers a throttled or cold Lambda with its own 503 body:
+    catching TitenUnavailable must catch that too (docs/api.md §15)."""
+    url, keys, _ = served
+    r = relay(["gateway 503"] * 5)
+    with pytest.raises(TitenUnavailable) as caught:
+        Titen(r.url, keys["all"], retries=2, backoff=0.01).observe(**OBSERVATION)
+    assert caught.value.code == "UNAVAILABLE" and caught.value.status == 503 and len(r.seen) == 3
+
+
+def test_a_gateways_503_then_an_answer_is_the_answer(served, relay):
+    url, keys, _ = served
+    r = relay(["gateway 503"])
+    pack = Titen(r.url, keys["all"], backoff=0.01).compile("user_rama", "smoke", max_tokens=1200)
+    assert pack["context_id"].startswith("ctx_") and len(r.seen) == 2
 
 
 def test_a_server_that_is_not_there_is_unavailable_after_the_retries():

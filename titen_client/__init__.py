@@ -165,6 +165,8 @@ class Titen:
         if status == 503 and isinstance(data, dict):  # /readyz not ready: its body says why
             raise TitenUnavailable("UNAVAILABLE", str(data.get("reason") or data.get("status")), status,
                                    request_id, data)
+        if status == 503:  # a gateway's own 503 (API Gateway: a throttled or unready Lambda)
+            raise TitenUnavailable("UNAVAILABLE", "HTTP 503 without an envelope", status, request_id)
         raise TitenError("INTERNAL" if status >= 500 else "UNEXPECTED", f"HTTP {status} without an envelope",
                          status, request_id)
 
