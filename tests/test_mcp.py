@@ -188,6 +188,15 @@ def test_a_notification_is_accepted_with_202_and_no_body(api):
     assert r.headers["cache-control"] == "no-store" and r.headers["x-request-id"].startswith("req_")
 
 
+@pytest.mark.parametrize("params", [[1, 2], "str", 3])
+def test_a_notification_whose_params_are_not_an_object_is_400_invalid_params(api, params):
+    # as for a request (api.md §13); the OpenAPI document says params is an object or null
+    r = api.client.post("/mcp", content=json.dumps({"jsonrpc": "2.0", "method": "notifications/x", "params": params}),
+                        headers={**HEADERS, **api._headers(api.key())})
+    assert r.status_code == 400
+    assert r.json()["id"] is None and r.json()["error"]["code"] == -32602
+
+
 def test_ping_answers_an_empty_result(api):
     r = rpc(api, api.key(), "ping", id="p-1")
     assert r.json() == {"jsonrpc": "2.0", "id": "p-1", "result": {}}

@@ -247,6 +247,8 @@ class McpServer:
             if method is None and ("result" in message or "error" in message):
                 return None  # a response to a server request; this server sends none
             if isinstance(method, str):
+                if message.get("params") is not None and not isinstance(message["params"], dict):
+                    raise RpcError(INVALID_PARAMS, "params must be an object", 400)
                 principal()  # a notification is acknowledged only for a valid key
                 self._check_version(header_version)
                 return None
