@@ -24,6 +24,7 @@ from typing import Any
 from core.domain import (CLAIM_KINDS, FEEDBACK_OUTCOMES, MAX_TASK_CHARS, OBSERVATION_KINDS, RELATIONS, TRUST_LEVELS,
                          VISIBILITY_RANK)
 from core.instants import SCHEMA_PATTERN
+from core.characters import FORBIDDEN_CLASS
 
 IDENTIFIER_MAX = 128
 
@@ -41,7 +42,12 @@ SOURCE_TYPE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 # "not blank" reads the same in Python and in the JSON Schema pattern.
 PY_WHITESPACE = ("\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005"
                  "\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
-NOT_BLANK = "[^" + "".join(f"\\u{ord(c):04x}" for c in PY_WHITESPACE) + "]"
+_WHITESPACE_CLASS = "".join(f"\\u{ord(c):04x}" for c in PY_WHITESPACE)
+# Free text in the document: no character the body rules refuse
+# (core.characters), and not blank. Stated in full so that
+# a generator working from the document (schemathesis) sends text the
+# service accepts; tab and line feed stay allowed.
+FREE_TEXT = f"^[^{FORBIDDEN_CLASS}]*[^{FORBIDDEN_CLASS}{_WHITESPACE_CLASS}][^{FORBIDDEN_CLASS}]*$"
 
 
 def _nullable(schema: dict, nullable: bool) -> dict:
@@ -78,7 +84,7 @@ class Text:
         else:
             s = {"type": "string", "maxLength": self.max_len,
                  "pattern": (self.pattern.pattern if self.pattern is not None
-                             else self.format_pattern or NOT_BLANK)}
+                             else self.format_pattern or FREE_TEXT)}
         if self.default is not None:
             s["default"] = self.default
         if self.description:
@@ -153,6 +159,9 @@ class Record:
     fields: dict[str, Any]
     required: tuple[str, ...] = ()
     description: str = ""
+    # cross-field rules the document can state (JSON Schema ``if``/``then``);
+    # the reader enforces them with its own messages
+    rules: tuple[dict, ...] = ()
 
     def read(self, f, name: str, required: bool):
         return f.object(name, self, required=required)
@@ -171,6 +180,8 @@ class Record:
                              "additionalProperties": False}
         if self.required:
             s["required"] = list(self.required)
+        if self.rules:
+            s["allOf"] = list(self.rules)
         if self.description:
             s["description"] = self.description
         return _nullable(s, nullable)
@@ -181,13 +192,17 @@ class List:
     items: Any
     max_len: int
     min_len: int = 0
+    # an item the list must hold (JSON Schema ``contains``), enforced by the reader
+    contains: dict | None = None
 
     def read(self, f, name: str, required: bool):
         return f.array(name, required=required, min_len=self.min_len, max_len=self.max_len)
 
     def schema(self, nullable: bool) -> dict:
-        return _nullable({"type": "array", "items": self.items.schema(False), "minItems": self.min_len,
-                          "maxItems": self.max_len}, nullable)
+        s = {"type": "array", "items": self.items.schema(False), "minItems": self.min_len, "maxItems": self.max_len}
+        if self.contains is not None:
+            s["contains"] = self.contains
+        return _nullable(s, nullable)
 
 
 @dataclass(frozen=True)
@@ -200,7 +215,20 @@ class Raw:
         return f.raw(name)
 
     def schema(self, nullable: bool) -> dict:
-        return {"description": self.description} if self.description else {}
+        # any JSON value, but the body rules hold inside it as in the whole
+        # body: a text with a refused character refuses the request
+        s = {"$ref": "#/components/schemas/BodyValue"}
+        return {**s, "description": self.description} if self.description else s
+
+
+_NO_FORBIDDEN = f"^[^{FORBIDDEN_CLASS}]*$"
+# Any JSON value whose texts and keys hold no refused character (the
+# OpenAPI document's components.schemas.BodyValue; recursive, so a Raw
+# field is only ever stated inside that document).
+BODY_VALUE = {"anyOf": [{"type": "string", "pattern": _NO_FORBIDDEN}, {"type": ["number", "boolean", "null"]},
+                        {"type": "array", "items": {"$ref": "#/components/schemas/BodyValue"}},
+                        {"type": "object", "propertyNames": {"pattern": _NO_FORBIDDEN},
+                         "additionalProperties": {"$ref": "#/components/schemas/BodyValue"}}]}
 
 
 def identifier(description: str = "") -> Text:
@@ -240,7 +268,9 @@ OBSERVATION = Record({
     "visibility": Text(choices=tuple(VISIBILITY_RANK), default="private"),
     "occurred_at": Instant(),
     "claim": CLAIM,
-}, ("subject_id", "kind", "content", "source"), "one piece of evidence, optionally with the claim it supports")
+}, ("subject_id", "kind", "content", "source"), "one piece of evidence, optionally with the claim it supports",
+    rules=({"if": {"properties": {"visibility": {"const": "team"}}, "required": ["visibility"]},
+            "then": {"properties": {"workspace_id": {"type": "string"}}, "required": ["workspace_id"]}},))
 
 CLAIM_SOURCE = Record({
     # (refused as "not an observation id" by core/writes/consolidations.py)
@@ -254,7 +284,9 @@ CONSOLIDATED_CLAIM = CLAIM.extended({
     "visibility": Text(choices=tuple(VISIBILITY_RANK),
                        description="default and widest: the narrowest of the supporting evidence"),
     "workspace_id": identifier(),
-    "sources": List(CLAIM_SOURCE, min_len=1, max_len=20),
+    "sources": List(CLAIM_SOURCE, min_len=1, max_len=20,
+                    contains={"type": "object", "properties": {"relation": {"const": "supports"}},
+                              "required": ["relation"]}),
 }, ("sources",))
 
 CONSOLIDATION = Record({

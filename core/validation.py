@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any, Iterable
 
 from core.bodies import IDENTIFIER, Record
+from core.characters import FORBIDDEN_CLASS
 from core.errors import PayloadTooLarge, ValidationError, echo, printable
 from core.instants import RANGE_TEXT, InstantOutOfRange, parse_instant
 
@@ -23,9 +24,7 @@ MAX_BODY_BYTES = 1 << 20
 MAX_DEPTH = 64
 MAX_INSTANT = 64  # characters: the longest instant read (fractions beyond microseconds are cut)
 
-# C0 controls except tab (09) and line feed (0A), DEL, C1 controls, and the
-# bidirectional controls (ALM, LRM/RLM, embeddings/overrides, isolates).
-_FORBIDDEN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_FORBIDDEN = re.compile(f"[{FORBIDDEN_CLASS}]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 

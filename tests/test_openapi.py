@@ -20,7 +20,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from core.bodies import COMPILE, NOT_BLANK, OBSERVATION, PY_WHITESPACE
+from core.bodies import COMPILE, FREE_TEXT, OBSERVATION, PY_WHITESPACE
+from core.errors import ValidationError
+from core.validation import check_text
 from core.config import Settings
 from core.api.openapi import document
 from core.service import Service
@@ -116,10 +118,72 @@ def test_a_validity_window_built_from_the_property_examples_is_one_the_service_a
         assert parse_instant(end["examples"][0]) > parse_instant(start["examples"][0])
 
 
-def test_not_blank_is_exactly_what_str_strip_removes():
+def test_free_text_is_blank_exactly_where_str_strip_says():
     assert set(PY_WHITESPACE) == {chr(c) for c in range(0x110000) if chr(c).isspace()}
-    assert all(re.search(NOT_BLANK, ch) is None for ch in PY_WHITESPACE)
-    assert re.search(NOT_BLANK, " \ufeff ") is not None  # str.strip keeps U+FEFF: not blank
+    assert all(re.search(FREE_TEXT, ch * 3) is None for ch in PY_WHITESPACE)
+    assert re.search(FREE_TEXT, " \ufeff ") is not None  # str.strip keeps U+FEFF: not blank
+
+
+def _service_accepts_text(value):
+    try:
+        check_text(value, "body.x")
+    except ValidationError:
+        return False
+    return True
+
+
+def test_free_text_refuses_exactly_the_characters_the_body_rules_refuse():
+    """The document's pattern and the validator read one table (core/characters.py)."""
+    for c in range(0x110000):
+        if 0xD800 <= c <= 0xDFFF:
+            continue  # ill-formed Unicode: refused by the body rules, not statable in a pattern
+        text = f"a{chr(c)}b"
+        assert (re.search(FREE_TEXT, text) is not None) is _service_accepts_text(text), hex(c)
+
+
+def _valid(schema_name, value):
+    doc = document()
+    schema = {**doc["components"]["schemas"][schema_name], "components": doc["components"]}
+    return jsonschema.Draft202012Validator(schema).is_valid(value)
+
+
+TEAM = {"subject_id": "user_rama", "kind": "tool_result", "content": "Smoke passed.",
+        "source": {"type": "tool", "ref": "smoke#1"}, "visibility": "team"}
+
+
+@pytest.mark.parametrize("body,documented", [(TEAM, False), ({**TEAM, "workspace_id": None}, False),
+                                             ({**TEAM, "workspace_id": "ws_deploy"}, True),
+                                             ({**TEAM, "visibility": "organization"}, True)])
+def test_team_visibility_without_a_workspace_is_refused_by_the_document_and_the_service(api, body, documented):
+    assert _valid("Observation", body) is documented
+    r = api.post("/v1/observations", body, api.key(workspaces=["ws_deploy"]))
+    assert (r.status_code == 201) is documented, r.text
+
+
+@pytest.mark.parametrize("relations,documented", [(["contradicts"], False), (["qualifies", "contradicts"], False),
+                                                  (["contradicts", "supports"], True)])
+def test_a_consolidated_claim_needs_a_supporting_source_in_the_document_as_in_the_service(api, relations,
+                                                                                          documented):
+    key = api.key()
+    evidence = [api.observe(key, content=f"Smoke run {i} passed.")["observation_id"] for i in range(len(relations))]
+    body = {"subject_id": "user_rama", "claims": [{
+        "statement": "Smoke passes.", "kind": "procedural", "confidence": 0.9,
+        "sources": [{"observation_id": o, "relation": r} for o, r in zip(evidence, relations)]}]}
+    assert _valid("Consolidation", body) is documented
+    r = api.post("/v1/consolidations", body, key)
+    assert (r.status_code == 201) is documented, r.text
+
+
+@pytest.mark.parametrize("item,documented", [({"content": "a\x03b"}, False), ([[[["deep\x85"]]]], False),
+                                             ({"k\u202e": 1}, False), ({"content": "tab\tand\nline"}, True),
+                                             ([[[[1, None, "fine"]]]], True), ("not an observation", True)])
+def test_a_batch_item_is_any_value_whose_texts_obey_the_body_rules(api, item, documented):
+    """An item that is not an observation is reported by its index (201), but
+    a refused character anywhere refuses the whole batch (400)."""
+    body = {"items": [item]}
+    assert _valid("ObservationBatch", body) is documented
+    r = api.post("/v1/observations/batch", body, api.key())
+    assert r.status_code == (201 if documented else 400), r.text
 
 
 @pytest.mark.parametrize("value,ok", [("user_rama", True), ("user_rama\n", False), ("-x", False)])

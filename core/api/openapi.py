@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from core.bodies import BATCH, COMPILE, CONSOLIDATION, FEEDBACK, OBSERVATION, SUPERSEDE, TRANSITION, identifier
+from core.bodies import BATCH, BODY_VALUE, COMPILE, CONSOLIDATION, FEEDBACK, OBSERVATION, SUPERSEDE, TRANSITION, identifier
 from core.domain import (CLAIM_KINDS, CLAIM_STATUSES, FEEDBACK_OUTCOMES, INSTRUCTIONS, OBSERVATION_KINDS,
                          POLICY_SNAPSHOT, RELATIONS, TRUST_LEVELS, VISIBILITY_RANK)
 from core.errors import TitenError
@@ -54,6 +54,7 @@ SCHEMAS: dict[str, Any] = {
     "Meta": _obj({"request_id": _s("string", pattern="^req_[0-9a-f]{32}$")}),
     "Observation": OBSERVATION.schema(),
     "ObservationBatch": BATCH.schema(),
+    "BodyValue": BODY_VALUE,
     "Consolidation": CONSOLIDATION.schema(),
     "Transition": TRANSITION.schema(),
     "Supersede": SUPERSEDE.schema(),
