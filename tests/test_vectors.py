@@ -255,6 +255,30 @@ def test_more_than_k_hidden_near_neighbours_never_crowd_out_a_visible_claim(tmp_
     assert body["meta"]["candidates"] == 1
 
 
+@pytest.mark.parametrize("window", [{"valid_from": "2031-01-01T00:00:00Z"},
+                                    {"valid_from": "2020-01-01T00:00:00Z", "valid_to": "2021-01-01T00:00:00Z"}],
+                         ids=["valid only later", "valid only earlier"])
+def test_more_than_k_near_neighbours_outside_their_validity_never_crowd_out_a_valid_claim(tmp_path, window):
+    """Validity at ``at`` filters inside the KNN too (DESIGN: temporal
+    validity is a predicate inside the candidate query): 120 claims nearer
+    the task but not valid at ``at`` do not take the k=100 places."""
+    api = make_api(tmp_path / "titen", Counting(HashEmbedder(256)))
+    key = api.key()
+    task = "postgresql db cluster"  # no lexical overlap with the valid claim: only the KNN can find it
+    obs = api.observe(key, content="notes")["observation_id"]
+    for start in (0, 40, 80):
+        r = api.post("/v1/consolidations", {"subject_id": "user_rama", "claims": [
+            {"statement": f"{task} {i}", "kind": "semantic_fact", "confidence": 0.9, **window,
+             "sources": [{"observation_id": obs, "relation": "supports"}]} for i in range(start, start + 40)]}, key)
+        assert r.status_code == 201, r.text
+    valid = api.observe(key, **claim("The staging database is Postgres 16."))
+    api.rebuild(key)
+    body = api.compile(key, task, at=AT).json()
+    assert body["meta"]["degraded"]["vector"] == "used"
+    assert [i["claim_id"] for i in body["data"]["items"]] == [valid["claim_id"]]
+    assert body["meta"]["candidates"] == 1
+
+
 @pytest.mark.parametrize("mode", ["raise", "slow", "wrong_dimension"])
 def test_an_embedder_failure_at_compile_answers_the_lexical_result(tmp_path, mode):
     embedder = Counting(HashEmbedder(256))

@@ -122,9 +122,10 @@ class VectorSearch:
         """(rowid, cosine) of the calibration's ``knn`` nearest claims the
         caller may read in its org, subject and project, best first (ties by
         rowid): sign bits first, then the exact cosine of the shortlist."""
-        # org, subject, project and visibility filter the shortlist, so what
-        # the caller may not read never takes one of its places; status,
-        # validity and visibility are applied again by the scoped hydrate
+        # org, subject, project, visibility and validity at ``at`` filter the
+        # shortlist, so what the caller may not read never takes one of its
+        # places (only compilable statuses are indexed); the scoped hydrate
+        # applies every predicate again
         readers = [scope_key(tag) for tag in reader_tags(scope.principal)]
         knn = self.fingerprint.calibration.knn
         blob = pack_vector(vector)
@@ -133,7 +134,7 @@ class VectorSearch:
         signs = self._signs.subject(snapshot, db, subject_key(scope.principal.org_id, scope.subject_id), key)
         code = db.execute("SELECT vec_quantize_binary(?)", (coarse_input(blob),)).fetchone()[0]  # the index's bits
         shortlist = signs.shortlist(code, SHORTLIST * knn, readers,
-                                    scope_key(scope.project_id) if scope.project_id is not None else None)
+                                    scope_key(scope.project_id) if scope.project_id is not None else None, scope.at)
         if not shortlist:
             return []
         wanted = sorted({at for _, at in shortlist if at >= 0})  # in rowid order: one pass down the table
