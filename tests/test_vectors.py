@@ -255,6 +255,22 @@ def test_more_than_k_hidden_near_neighbours_never_crowd_out_a_visible_claim(tmp_
     assert body["meta"]["candidates"] == 1
 
 
+def test_the_first_pass_reads_only_the_bits_of_the_callers_readers(tmp_path):
+    """Another principal's private claims in the subject cost the caller no
+    work, so not even the first compile's time says they exist (DESIGN §3)."""
+    api = make_api(tmp_path / "titen", Counting(HashEmbedder(256)))
+    alice, bob = api.key(principal="alice"), api.key(principal="bob", workspaces=["ws_b"])
+    for i in range(30):
+        api.observe(alice, visibility="private", **claim(f"postgresql db cluster {i}"))
+    team = api.observe(bob, visibility="team", workspace_id="ws_b", **claim("The staging database is Postgres 16."))
+    shared = api.observe(bob, **claim("Postgresql db backups run nightly."))
+    api.rebuild(bob)
+    body = api.compile(bob, "postgresql db cluster", at=AT).json()
+    assert {i["claim_id"] for i in body["data"]["items"]} == {team["claim_id"], shared["claim_id"]}
+    held = [g for by_key in api.service.vectors._signs._by_snapshot.values() for g in by_key.values()]
+    assert sorted(len(g.rowids) for g in held) == [0, 1, 1]  # bob's private claims (none), ws_b's, the org's
+
+
 @pytest.mark.parametrize("window", [{"valid_from": "2031-01-01T00:00:00Z"},
                                     {"valid_from": "2020-01-01T00:00:00Z", "valid_to": "2021-01-01T00:00:00Z"}],
                          ids=["valid only later", "valid only earlier"])

@@ -264,7 +264,8 @@ class Erasures:
 def clear_indexes(db: apsw.Connection) -> None:
     """After an erasure: merge the FTS5 index into one segment (no segment
     keeps a deleted claim's terms) and drop the vector index (vec0 chunks
-    keep deleted vectors' bytes; the build's vector sync rebuilds it from
+    keep deleted vectors' bytes, and ``claims_signs`` their sign bits; the
+    build's vector sync rebuilds both from
     the embedding cache, embedding nothing). The build rewrites the file
     whole (``VACUUM``) last, so no free page keeps a copy either."""
     with db:
@@ -273,3 +274,4 @@ def clear_indexes(db: apsw.Connection) -> None:
             from core.vectors.index import load_sqlite_vec  # only where vectors were built
             load_sqlite_vec(db)  # a vec0 table is dropped through its module
             db.execute("DROP TABLE claims_vec")
+        db.execute("DROP TABLE IF EXISTS claims_signs")  # the sign bits of the same vectors

@@ -8,7 +8,11 @@ integer metadata columns ``subject_key`` (organization and subject),
 vec0 keeps a text longer than 12 bytes outside the chunk and fetched it for
 every row it filtered (30 ms of a 50k scan, against 5 ms unfiltered). A
 64-bit collision could only cost a KNN place: the scoped hydrate checks
-organization, subject, project and visibility again. Rows
+organization, subject, project and visibility again. Beside it,
+``claims_signs`` holds each row's scope keys and sign bits in a plain table
+indexed by (subject_key, reader_key), so compile's first pass reads only
+the bits of the reader keys its caller holds (``core.vectors.signs``); the
+two tables are written, emptied and dropped together. Rows
 of claims that left compile scope are deleted. Vectors come from
 ``embed_cache`` (keyed by the sha256 of the prepared statement and the
 fingerprint key) first, so a text is embedded once however many generations
@@ -31,13 +35,21 @@ from core.meta_table import read_meta, write_meta
 from core.scope import reader_tag
 from core.vectors.embedder import Embedder, EmbedderError, text_sha256
 
-INDEX_LAYOUT = "4"  # claims_vec's columns; another layout is dropped and rebuilt (from the cache)
+INDEX_LAYOUT = "5"  # claims_vec's and claims_signs' columns; another layout is dropped and rebuilt (from the cache)
 EMBED_BATCH = 512  # texts handed to the embedder at once: progress and the cache are written per batch
 # a rowid table: WITHOUT ROWID would store 1.5 KB vectors at three times their size
 VEC_TABLES_DDL = """
 CREATE TABLE IF NOT EXISTS embed_cache(
   text_sha256 TEXT NOT NULL, fingerprint TEXT NOT NULL, vector BLOB NOT NULL,
   PRIMARY KEY(text_sha256, fingerprint));
+"""
+
+
+SIGNS_DDL = """
+CREATE TABLE claims_signs(
+  rowid INTEGER PRIMARY KEY, subject_key INTEGER NOT NULL, reader_key INTEGER NOT NULL,
+  project_key INTEGER NOT NULL, coarse BLOB NOT NULL);
+CREATE INDEX claims_signs_reader ON claims_signs(subject_key, reader_key);
 """
 
 
@@ -117,9 +129,11 @@ def _sync(db: apsw.Connection, embedder: Embedder, progress, stats: SyncStats) -
     with db:
         db.execute(VEC_TABLES_DDL)
         if (read_meta(db, "vector_fingerprint") != key or read_meta(db, "vector_layout") != INDEX_LAYOUT
-                or not _has_table(db, "claims_vec")):
+                or not _has_table(db, "claims_vec") or not _has_table(db, "claims_signs")):
             if _has_table(db, "claims_vec"):
                 db.execute("DROP TABLE claims_vec")
+            db.execute("DROP TABLE IF EXISTS claims_signs")
+            db.execute(SIGNS_DDL)
             # metadata columns only, no partition key: a partition preallocates
             # whole chunks (1024 vectors), so one per subject would bloat the file.
             # ``coarse`` is the embedding's sign bits: compile's first pass
@@ -140,6 +154,7 @@ def _sync(db: apsw.Connection, embedder: Embedder, progress, stats: SyncStats) -
     if gone:
         with db:
             db.executemany("DELETE FROM claims_vec WHERE rowid=?", [(r,) for r in gone])
+            db.executemany("DELETE FROM claims_signs WHERE rowid=?", [(r,) for r in gone])
         stats.removed = len(gone)
     missing = sorted(want.keys() - have)
     if missing:
@@ -170,10 +185,12 @@ def _sync(db: apsw.Connection, embedder: Embedder, progress, stats: SyncStats) -
             for r in batch:
                 org, subject, project, visibility, workspace, owner, _ = want[r]
                 blob = found[shas[r]]
+                keys = (r, subject_key(org, subject), scope_key(project or ""),
+                        scope_key(reader_tag(visibility, workspace, owner)))
                 db.execute("INSERT INTO claims_vec(rowid, subject_key, project_key, reader_key, embedding, coarse)"
-                           " VALUES(?, ?, ?, ?, ?, vec_quantize_binary(?))",
-                           (r, subject_key(org, subject), scope_key(project or ""),
-                            scope_key(reader_tag(visibility, workspace, owner)), blob, coarse_input(blob)))
+                           " VALUES(?, ?, ?, ?, ?, vec_quantize_binary(?))", (*keys, blob, coarse_input(blob)))
+                db.execute("INSERT INTO claims_signs(rowid, subject_key, project_key, reader_key, coarse)"
+                           " VALUES(?, ?, ?, ?, vec_quantize_binary(?))", (*keys, coarse_input(blob)))
 
 
 def seed_embed_cache(db: apsw.Connection, store, snapshot_key: str, work_dir: str, prefix: str, base: int,

@@ -7,8 +7,9 @@ below the calibrated floor and turn each cosine into semantic relevance
 
 The KNN runs in two passes. First the ``SHORTLIST`` × ``knn`` nearest by
 Hamming distance between sign bits, among the claims the caller may read in
-its subject and project (``core.vectors.signs``: in numpy, over bits read
-once per generation from the ``coarse`` column of the ``vec0`` index); then
+its subject and project (``core.vectors.signs``: in numpy, over the sign
+bits of the caller's reader keys, read once per generation from
+``claims_signs``); then
 the exact cosine of each, from the embedding cache (read by the cache's
 rowid, held with the bits: a vec0 lookup by rowid reads a whole 1024-vector
 chunk); the
@@ -34,6 +35,7 @@ from core.scope import reader_tags
 from core.vectors.embedder import Embedder, EmbedderError, Fingerprint
 from core.vectors.index import INDEX_LAYOUT, coarse_input, pack_vector, scope_key, subject_key
 from core.vectors.signs import SignCache
+from core.vectors.signs import shortlist as nearest_signs
 
 SHORTLIST = 50  # the first pass keeps this many times ``knn`` claims for the exact pass
 
@@ -124,17 +126,19 @@ class VectorSearch:
         rowid): sign bits first, then the exact cosine of the shortlist."""
         # org, subject, project, visibility and validity at ``at`` filter the
         # shortlist, so what the caller may not read never takes one of its
-        # places (only compilable statuses are indexed); the scoped hydrate
-        # applies every predicate again
+        # places (only compilable statuses are indexed), and only the bits of
+        # the caller's reader keys are read; the scoped hydrate applies every
+        # predicate again
         readers = [scope_key(tag) for tag in reader_tags(scope.principal)]
         knn = self.fingerprint.calibration.knn
         blob = pack_vector(vector)
         db = snapshot.db
         key = self.fingerprint.key()
-        signs = self._signs.subject(snapshot, db, subject_key(scope.principal.org_id, scope.subject_id), key)
+        groups = self._signs.readable(snapshot, db, subject_key(scope.principal.org_id, scope.subject_id), readers,
+                                      key)
         code = db.execute("SELECT vec_quantize_binary(?)", (coarse_input(blob),)).fetchone()[0]  # the index's bits
-        shortlist = signs.shortlist(code, SHORTLIST * knn, readers,
-                                    scope_key(scope.project_id) if scope.project_id is not None else None, scope.at)
+        shortlist = nearest_signs(groups, code, SHORTLIST * knn,
+                                  scope_key(scope.project_id) if scope.project_id is not None else None, scope.at)
         if not shortlist:
             return []
         wanted = sorted({at for _, at in shortlist if at >= 0})  # in rowid order: one pass down the table
