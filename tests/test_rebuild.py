@@ -112,7 +112,12 @@ def _killed_rebuild(root, work):
                     before_publish=lambda: os.kill(os.getpid(), signal.SIGKILL)).rebuild()
 
 
-@pytest.mark.parametrize("body", [b"{broken", b"\xff\xfe", b"[1, 2]"])
+@pytest.mark.parametrize("body", [
+    b"{broken", b"\xff\xfe", b"[1, 2]", b"{}",
+    b'{"type": "bogus", "org_id": "acme"}',                                 # a type no build applies
+    b'{"type": "observation", "org_id": "acme"}',                           # without its observation
+    b'{"type": "observation", "org_id": "acme", "observation": "a text"}',  # a field of the wrong shape
+    b'{"type": "transition", "org_id": "acme", "claim_id": null}'])
 def test_a_damaged_ledger_entry_stops_the_build_naming_the_object(store, tmp_path, body):
     from core.ledger import DamagedEntry
     _write(store, "acme", "fact one")

@@ -16,14 +16,44 @@ import apsw
 
 from core.domain import TRUST_LEVELS
 from core.instants import parse_instant
+from core.ledger import ERASED, MOVED
 from core.lexical import LexicalChanges
 from core.snapshot.erase import Erasures
+
+
+# what the ledger holds: the types applied here, and those with nothing to
+# apply (context runs are read from the ledger itself; an erasure's
+# completion, an erased entry's stub and a late entry's forwarding stub)
+APPLIED_TYPES = frozenset({"observation", "consolidation", "batch", "transition", "feedback", "erasure"})
+INERT_TYPES = frozenset({"context_run", "erasure_complete", ERASED, MOVED})
 
 
 def apply_entry(db: apsw.Connection, entry: dict, touched: set[str], erasures: Erasures | None = None,
                 lexical: LexicalChanges | None = None) -> None:
     """``erasures``: the organization's erasures (core/snapshot/erase.py),
-    applied when an entry is one and enforced on every entry after."""
+    applied when an entry is one and enforced on every entry after.
+    ``MalformedEntry`` when the entry is not one the ledger holds: a build
+    never skips what it cannot read (the ledger is the only copy)."""
+    kind = entry.get("type")
+    if kind in INERT_TYPES:
+        return
+    if kind not in APPLIED_TYPES:
+        raise MalformedEntry(f"unknown type {kind!r}" if "type" in entry else "no type")
+    try:
+        _apply_known(db, entry, touched, erasures, lexical)
+    except KeyError as exc:
+        raise MalformedEntry(f"a {kind} entry without its field {exc}") from None
+    except (TypeError, AttributeError, apsw.ConstraintError) as exc:
+        raise MalformedEntry(f"a {kind} entry whose fields do not read as one ({type(exc).__name__}: {exc})") from None
+
+
+class MalformedEntry(Exception):
+    """A ledger entry that is JSON but not an entry this build can apply;
+    the build names its key (``core.ledger.DamagedEntry``)."""
+
+
+def _apply_known(db: apsw.Connection, entry: dict, touched: set[str], erasures: Erasures | None,
+                 lexical: LexicalChanges | None) -> None:
     if entry["type"] == "erasure":
         if erasures is not None:
             erasures.apply(entry, touched, lexical or LexicalChanges(record=False))

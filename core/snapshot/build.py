@@ -47,12 +47,12 @@ from core.lexical.words import WORDS_ID
 from core.ids import uuid7_floor_hex, uuid7_ms
 from core.instants import canonical, now_utc, parse_instant
 from core.layout import RUN_SUFFIX, entry_hex_of, ledger_prefix
-from core.ledger import MOVED, Ledger
+from core.ledger import MOVED, DamagedEntry, Ledger
 from core.lexical import LexicalChanges, update_lexical_index
 from core.meta_table import read_meta, write_meta
 from core.erasure.work import ErasureWork
 from core.snapshot import content_hash, delta, erase, housekeeping, wal, workfiles
-from core.snapshot.apply import apply_entry
+from core.snapshot.apply import MalformedEntry, apply_entry
 from core.snapshot.erase import Erasures
 from core.snapshot.keep import KeptGeneration
 from core.snapshot.pointer import read_pointer
@@ -487,7 +487,11 @@ class SnapshotBuilder:
         last_report = time.monotonic()
         with db:
             for key, entry in zip(keys, entries):
-                apply_entry(db, entry, touched, self.erasures, lexical)
+                try:
+                    apply_entry(db, entry, touched, self.erasures, lexical)
+                except MalformedEntry as exc:  # the transaction rolls back: nothing of this build lands
+                    raise DamagedEntry(f"ledger entry {key} is damaged ({exc}): restore it, e.g. from the bucket's "
+                                       "previous version of the object, and run the rebuild again") from None
                 db.execute("INSERT INTO applied(entry_key) VALUES(?)", (key,))
                 applied += 1
                 if self.oldest_applied_ms is None and entry.get("type") != MOVED:
