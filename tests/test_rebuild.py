@@ -195,6 +195,32 @@ def test_a_damaged_previous_snapshot_is_not_built_upon(store, tmp_path):
     assert _claim_ids(store, tmp_path) == ids
 
 
+def test_a_kept_copy_changed_in_place_is_not_built_upon(store, tmp_path):
+    """The kept copy is verified against its page digests before a build
+    takes it: a file changed in place at the same size (the record beside
+    it still matching the pointer) is fetched again from the store."""
+    import apsw
+    import os
+    _write(store, "acme", "Canary deploys wait for smoke.")
+    _builder(store, tmp_path).rebuild()
+    kept = tmp_path / "work" / "kept-acme.sqlite"
+    raw = kept.read_bytes()
+    assert b"Canary deploys" in raw
+    kept.write_bytes(raw.replace(b"Canary deploys", b"EVIL!! deploys"))
+    assert os.path.getsize(kept) == len(raw)
+    _write(store, "acme", "A second fact.")
+    notes = []
+    _builder(store, tmp_path, progress=notes.append).rebuild()
+    assert not any("kept locally" in n for n in notes)
+    pointer, _ = read_pointer(store, "acme")
+    path = str(tmp_path / "check.sqlite")
+    store.download_file(pointer["snapshot_key"], path)
+    db = apsw.Connection(path)
+    statements = sorted(r[0] for r in db.execute("SELECT statement FROM claims"))
+    db.close()
+    assert statements == ["A second fact.", "Canary deploys wait for smoke."]
+
+
 def test_a_snapshot_of_another_schema_version_is_replayed_not_extended(store, tmp_path, monkeypatch):
     import core.snapshot.build
     ids = {_write(store, "acme", f"fact {i}") for i in range(4)}

@@ -8,6 +8,11 @@ of downloading and verifying the published file again. The rules:
   (``core.snapshot.pages``: what the next delta is computed against) and the machine has not restarted since
   it was kept: it is written without fsync, so after a crash or power loss
   it may be torn (``boot_id``);
+- and only when its bytes still hash to those page digests: the record
+  beside it says what the file was, not what it is now, and a file changed
+  in place at the same size would otherwise be built upon and published,
+  carrying the change into every later generation (one pass of sha256 over
+  the file, far cheaper than the download it saves);
 - it is taken at most once (the build changes it in place), and never when
   it is hard-linked elsewhere (``cp -al`` of a work directory);
 - all kept files together stay under ``keep_bytes``: other organizations'
@@ -22,7 +27,7 @@ import json
 import os
 from typing import Callable
 
-from core.snapshot.pages import PageDigests
+from core.snapshot.pages import PageDigests, hash_file
 
 
 def _boot_id() -> str | None:
@@ -101,6 +106,16 @@ class KeptGeneration:
                 or digests.digest() != kept.get("digest")
                 or st.st_size != kept.get("bytes") or st.st_size != pointer.get("bytes") or st.st_nlink != 1
                 or kept.get("boot_id") is None or kept.get("boot_id") != _boot_id()):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            return None
+        try:
+            _, actual = hash_file(self.path, whole=False)
+        except (OSError, ValueError):
+            actual = None
+        if actual is None or actual.digest() != kept.get("digest"):
+            self.progress(f"{self.org_id}: the kept copy of generation {pointer['generation']} no longer matches "
+                          "its page digests; fetching the published file")
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
             return None
