@@ -145,6 +145,7 @@ def test_a_damaged_stored_snapshot_after_a_restart_is_503_never_an_empty_pack(pu
     assert ready.status_code == 503
     data = ready.json()["data"]
     assert data["status"] == "not_ready" and data["generation"] == 0
+    assert data["claim_count"] is None  # not 0: that reads as an organization with nothing in it
     assert "generation 1 refused" in data["reason"]
     assert ("sha256" if damage == "truncate" else "missing from the store") in data["reason"]
     assert "still serving" not in data["last_refresh_error"]

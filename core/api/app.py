@@ -103,7 +103,9 @@ def create_app(service: Service) -> Starlette:
         checks = {o: service.reader.check(o) for o in orgs}
         unavailable = [reason for _, reason in checks.values() if reason]
         claim_count = None
-        if reader is not None:
+        if reader is not None and not checks[org][1]:
+            # not_ready (a published generation that no verified copy serves):
+            # null, as a 0 would read as an organization with nothing in it
             try:
                 claim_count = _readable_claims(checks[org][0], reader)
             except DAMAGE_ERRORS as exc:  # as on every route: evicted, refetched and verified next time
