@@ -20,6 +20,7 @@
 | TITEN_METRICS | off | emf: write CloudWatch EMF metrics to stdout (core.observe.emf); the template sets it |
 | TITEN_METRICS_NAMESPACE | titen | the metrics' CloudWatch namespace (the template: titen/<stack name>) |
 | TITEN_METRICS_ORGS | unset | comma list of at most 10 organizations whose metrics also carry an Organization dimension |
+| TITEN_PRELOAD_ORGS | unset | comma list of organizations whose snapshot the Lambda API function loads at import (the init phase), not in its first request |
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Settings:
     metrics: str = "off"
     metrics_namespace: str = "titen"
     metrics_organizations: tuple[str, ...] = ()
+    preload_organizations: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, *, data_dir: str | None = None, store_url: str | None = None,
@@ -77,7 +79,8 @@ class Settings:
                    log_format=choice(env, "TITEN_LOG_FORMAT", LOG_FORMATS, None),
                    metrics=choice(env, "TITEN_METRICS", METRICS_MODES, "off"),
                    metrics_namespace=env.get("TITEN_METRICS_NAMESPACE") or "titen",
-                   metrics_organizations=metric_organizations(env.get("TITEN_METRICS_ORGS") or ""))
+                   metrics_organizations=metric_organizations(env.get("TITEN_METRICS_ORGS") or ""),
+                   preload_organizations=organization_list(env.get("TITEN_PRELOAD_ORGS") or ""))
 
 
 LOG_FORMATS = ("json", "text")
@@ -93,8 +96,13 @@ def choice(env, name: str, allowed: tuple[str, ...], default):
     return value
 
 
+def organization_list(value: str) -> tuple[str, ...]:
+    """A comma list of organization ids, each once, in order."""
+    return tuple(dict.fromkeys(name.strip() for name in value.split(",") if name.strip()))
+
+
 def metric_organizations(value: str) -> tuple[str, ...]:
-    names = tuple(dict.fromkeys(name.strip() for name in value.split(",") if name.strip()))
+    names = organization_list(value)
     if len(names) > MAX_METRIC_ORGANIZATIONS:
         raise ValueError(f"TITEN_METRICS_ORGS names {len(names)} organizations; at most "
                          f"{MAX_METRIC_ORGANIZATIONS} keep the metrics' dimensions few")

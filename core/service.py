@@ -176,6 +176,19 @@ class Service:
             return self.rebuild(org_id, force=force, progress=progress)
         return dataclasses.replace(result, notes=note + result.notes)
 
+    def preload(self) -> None:
+        """Load the snapshots of ``TITEN_PRELOAD_ORGS`` now (the Lambda API
+        function calls it at import: the init phase, at full CPU, instead
+        of an organization's first request). Never raises: an organization
+        that cannot be loaded now is loaded, or refused, by its first
+        request as usual."""
+        for org_id in self.settings.preload_organizations:
+            snapshot, reason = self.reader.check(org_id)
+            if reason is not None:
+                logging.getLogger("titen").warning("preloading %s's snapshot failed: %s", org_id, reason)
+            elif snapshot is not None:
+                logging.getLogger("titen").info("preloaded %s generation %s", org_id, snapshot.generation)
+
     def snapshot_damaged(self, org_id: str, exc: BaseException) -> Unavailable:
         """A request met a damaged snapshot file: evict it (refetched and
         verified at the next request) and answer this one with a 503."""

@@ -2,7 +2,8 @@
 
 Everything is built once per execution environment, at import (the Lambda
 init phase), and reused by every invocation that environment serves: the
-S3 client, the key cache and the snapshot held in /tmp. Mangum runs the ASGI
+S3 client, the key cache and the snapshots held in /tmp (those of
+``TITEN_PRELOAD_ORGS`` loaded here, at import). Mangum runs the ASGI
 lifespan on *every* invocation, so nothing may hide in a lifespan hook
 (``lifespan="off"``).
 
@@ -25,6 +26,10 @@ from core.service import Service
 log = logging.getLogger("titen")
 
 service = Service(Settings.from_env())
+# the snapshots of TITEN_PRELOAD_ORGS, loaded here in the init phase; any
+# other organization's is loaded by its first request (its id comes from
+# the caller's key, so it cannot be known before)
+service.preload()
 app = create_app(service)
 asgi = Mangum(app, lifespan="off")
 

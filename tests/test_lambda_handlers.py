@@ -201,6 +201,31 @@ def test_readyz_moves_to_the_new_generation_without_reimporting_the_handler(lam)
     assert body["data"]["claim_count"] == 1 and body["data"]["last_refresh_error"] is None
 
 
+def test_an_organization_named_in_titen_preload_orgs_is_loaded_at_import(lam, monkeypatch):
+    """The init phase loads it: the first invocation reads no snapshot."""
+    call(lam, "observation.json")
+    scheduled(lam)
+    monkeypatch.setenv("TITEN_PRELOAD_ORGS", "demo, nobody-yet")
+    monkeypatch.setenv("TITEN_CACHE_DIR", lam.api.service.settings.cache_dir + "-second-environment")
+    api = _fresh_import("handler.api")
+    assert api.service.reader.status("demo")["generation"] == 1  # before any invocation
+    assert api.service.reader.status("nobody-yet")["generation"] == 0  # nothing published: nothing to hold
+    held = api.service.reader.current("demo")
+    lam.api = api
+    status, body, _ = call(lam, "compile.json")
+    assert status == 200 and body["meta"]["generation"] == 1
+    assert api.service.reader.current("demo") is held  # served by the snapshot loaded at import
+
+
+def test_a_preload_that_fails_never_stops_the_import(lam, monkeypatch, caplog):
+    monkeypatch.setenv("TITEN_PRELOAD_ORGS", "demo")
+    monkeypatch.setenv("TITEN_STORE", "s3://no-such-bucket/")
+    with caplog.at_level("WARNING", logger="titen"):
+        api = _fresh_import("handler.api")
+    assert api.service.reader.status("demo")["generation"] == 0
+    assert "preloading demo's snapshot failed" in caplog.text
+
+
 def test_compile_after_the_scheduled_rebuild_returns_the_claim(lam):
     _, written, _ = call(lam, "observation.json")
     scheduled(lam)
