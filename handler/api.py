@@ -13,6 +13,7 @@ snapshots are cached under ``TITEN_CACHE_DIR``, which defaults to
 ``/tmp/titen`` for an S3 store.
 """
 
+import base64
 import json
 import logging
 
@@ -34,19 +35,47 @@ app = create_app(service)
 asgi = Mangum(app, lifespan="off")
 
 
+def readable(event) -> bool:
+    """Whether ``event`` is an API Gateway HTTP API (payload 2.0) event
+    Mangum can read: a method and a path, headers an object when present,
+    a body marked base64 that is base64."""
+    try:
+        http = event["requestContext"]["http"]
+        if not isinstance(http.get("method"), str) or not isinstance(event.get("rawPath"), str):
+            return False
+        if "headers" in event and not isinstance(event["headers"], dict):
+            return False
+        if event.get("isBase64Encoded") and event.get("body") is not None:
+            base64.b64decode(event["body"], validate=True)
+        return True
+    except (KeyError, TypeError, AttributeError, ValueError):
+        return False
+
+
+def _answer(status: int, code: str, message: str, request_id: str) -> dict:
+    body = {"error": {"code": code, "message": message}, "meta": {"request_id": request_id}}
+    return {"statusCode": status, "isBase64Encoded": False, "body": json.dumps(body, separators=(",", ":")),
+            "headers": {"content-type": "application/json", "x-request-id": request_id,
+                        "cache-control": "no-store"}}
+
+
 def handler(event, context):
     """Mangum; an event it cannot read (API Gateway never sends one, but a
     hand-made ``sam local invoke`` event may: a body marked base64 that is
     not, no method, another source's event) gets the 400 envelope instead of
-    an exception, which API Gateway would turn into its own bare 500."""
+    an exception, which API Gateway would turn into its own bare 500. A
+    readable event whose handling raises past the app (the app answers its
+    own errors, so this is a fault here) is the 500 envelope, its traceback
+    logged under the request id: a server fault never counts as the
+    caller's."""
+    if not readable(event):
+        request_id = new_id("req")
+        log.warning("unreadable event [%s]", request_id)
+        return _answer(400, "VALIDATION_ERROR",
+                       "not an API Gateway HTTP API event (payload format 2.0) this function can read", request_id)
     try:
         return asgi(event, context)
-    except Exception as exc:  # the app's own errors are answered inside it: this is the event
+    except Exception:
         request_id = new_id("req")
-        log.warning("unreadable event [%s]: %s: %s", request_id, type(exc).__name__, exc)
-        body = {"error": {"code": "VALIDATION_ERROR",
-                          "message": "not an API Gateway HTTP API event (payload format 2.0) this function can read"},
-                "meta": {"request_id": request_id}}
-        return {"statusCode": 400, "isBase64Encoded": False, "body": json.dumps(body, separators=(",", ":")),
-                "headers": {"content-type": "application/json", "x-request-id": request_id,
-                            "cache-control": "no-store"}}
+        log.exception("the API function failed outside the app [%s]", request_id)
+        return _answer(500, "INTERNAL", f"internal error; quote request id {request_id}", request_id)

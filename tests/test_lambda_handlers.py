@@ -161,6 +161,18 @@ def test_an_event_the_api_cannot_read_is_a_400_envelope_not_an_exception(lam, ev
     assert list(lam.store.list_keys("orgs/")) == []
 
 
+def test_a_fault_past_the_app_on_a_readable_event_is_a_500_envelope_not_the_callers_400(lam, monkeypatch, caplog):
+    def broken(event, context):
+        raise RuntimeError("secret internals")
+    monkeypatch.setattr(lam.api, "asgi", broken)
+    with caplog.at_level("ERROR", logger="titen"):
+        response = lam.api.handler(event("healthz.json", lam.key), LambdaContext())
+    assert response["statusCode"] == 500
+    body = json.loads(response["body"])
+    assert body["error"]["code"] == "INTERNAL" and "secret" not in response["body"]
+    assert body["meta"]["request_id"] in caplog.text and "secret internals" in caplog.text
+
+
 def test_observation_event_is_accepted_with_its_claim_id(lam):
     status, body, _ = call(lam, "observation.json")
     assert status == 201, body
