@@ -48,6 +48,9 @@ def _rowid_type(db: apsw.Connection) -> str:
     return "i" if max_rowid < 2**31 else "q"
 
 
+WRITE_BATCH = 4096  # posting rows per executemany in a whole build
+
+
 def build_lexical_index(db: apsw.Connection) -> dict:
     """(Re)create lex_stats and lex_postings whole from claims_fts and claims.
 
@@ -75,23 +78,43 @@ def build_lexical_index(db: apsw.Connection) -> dict:
     db.execute("CREATE VIRTUAL TABLE temp.lex_vocab USING fts5vocab(main, 'claims_fts', 'instance')")
     stats = {"mode": "whole", "n_rows": n_rows, "terms": 0, "postings": 0, "lists": 0}
 
-    def flush(term: str, docs: list[int], tfs: list[int]) -> None:
-        by_list: dict[tuple[str, str], tuple[array, array]] = defaultdict(lambda: (array(rowid_type), array("Q")))
-        for rowid, tf in zip(docs, tfs):
-            rows, tfdl = by_list[subject_of[rowid]]
-            rows.append(rowid)
-            tfdl.append(tf << TF_SHIFT | doclen[rowid])
-        out = []
-        for (subject, reader), (rows, tfdl) in by_list.items():
-            for at in range(0, len(rows), BLOCK_POSTINGS):
-                block = rows[at:at + BLOCK_POSTINGS]
-                out.append((subject, reader, term, block[0], len(block), block.tobytes(),
-                            tfdl[at:at + BLOCK_POSTINGS].tobytes()))
+    # Rows are written in batches, not per term: a vocabulary of half a
+    # million terms (CJK bigrams: most occur once) spent more time in one
+    # statement per term than in the postings themselves.
+    out: list[tuple] = []
+    terms: list[tuple[str, int]] = []
+
+    def write() -> None:
         db.executemany(_INSERT, out)
-        db.execute("INSERT INTO lex_terms(term, df) VALUES(?, ?)", (term, len(docs)))
+        db.executemany("INSERT INTO lex_terms(term, df) VALUES(?, ?)", terms)
+        out.clear()
+        terms.clear()
+
+    def flush(term: str, docs: list[int], tfs: list[int]) -> None:
+        before = len(out)
+        if len(docs) == 1:  # the common case in a large vocabulary: one list of one posting
+            rowid = docs[0]
+            subject, reader = subject_of[rowid]
+            out.append((subject, reader, term, rowid, 1, array(rowid_type, docs).tobytes(),
+                        array("Q", (tfs[0] << TF_SHIFT | doclen[rowid],)).tobytes()))
+        else:
+            by_list: dict[tuple[str, str], tuple[array, array]] = defaultdict(
+                lambda: (array(rowid_type), array("Q")))
+            for rowid, tf in zip(docs, tfs):
+                rows, tfdl = by_list[subject_of[rowid]]
+                rows.append(rowid)
+                tfdl.append(tf << TF_SHIFT | doclen[rowid])
+            for (subject, reader), (rows, tfdl) in by_list.items():
+                for at in range(0, len(rows), BLOCK_POSTINGS):
+                    block = rows[at:at + BLOCK_POSTINGS]
+                    out.append((subject, reader, term, block[0], len(block), block.tobytes(),
+                                tfdl[at:at + BLOCK_POSTINGS].tobytes()))
+        terms.append((term, len(docs)))
         stats["terms"] += 1
         stats["postings"] += len(docs)
-        stats["lists"] += len(out)
+        stats["lists"] += len(out) - before
+        if len(out) >= WRITE_BATCH:
+            write()
 
     term = None
     docs: list[int] = []
@@ -106,6 +129,7 @@ def build_lexical_index(db: apsw.Connection) -> dict:
         tfs.append(tf)
     if term is not None:
         flush(term, docs, tfs)
+    write()
     db.execute("DROP TABLE temp.lex_vocab")
     return stats
 
