@@ -111,7 +111,7 @@ def cmd_import(args) -> int:
     service = _service(args)
     principal = Principal(org_id=args.org, principal_id=args.principal, key_id="cli",
                           scopes=frozenset({"admin", "memory:write", "memory:verify"}),
-                          workspaces=tuple(args.workspaces.split(",")) if args.workspaces else ())
+                          workspaces=args.workspaces or ())
     summary = import_file(service.store, principal, args.file, batch_size=args.batch_size,
                           progress=stderr_progress)
     print(json.dumps(summary))
@@ -186,6 +186,38 @@ def org_id(value: str) -> str:
     return value
 
 
+def principal_id(value: str) -> str:
+    """``--principal``: an identifier, as a key names it: a record written
+    under any other could never be read through a key."""
+    from core.bodies import IDENTIFIER
+    if not IDENTIFIER.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not an identifier (letters, digits, '_.:@-')")
+    return value
+
+
+def workspace_list(value: str) -> tuple[str, ...]:
+    """``--workspaces``: a comma list of identifiers."""
+    from core.bodies import IDENTIFIER
+    names = tuple(w for w in value.split(",") if w)
+    bad = [w for w in names if not IDENTIFIER.fullmatch(w)]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{bad[0]!r} is not an identifier (letters, digits, '_.:@-')")
+    return names
+
+
+def port_number(value: str) -> int:
+    number = int(value)
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (0-65535; 0 picks a free one)")
+    return number
+
+
+def http_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")) or len(value.split("://", 1)[1]) == 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an http:// or https:// URL")
+    return value
+
+
 def generation_number(value: str) -> int:
     number = int(value)
     if number < 1:
@@ -236,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", parents=[common],
                        help="run the HTTP API (server processes; this one rebuilds after writes)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8787)
+    p.add_argument("--port", type=port_number, default=8787)
     p.add_argument("--workers", type=int, default=default_workers(),
                    help="server processes behind the port (default: the CPU count, at most 4)")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
@@ -246,7 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("mcp", parents=[common], help="serve the MCP tools over stdio (embedded store, or --url)")
     p.add_argument("--api-key", help="the key every tool call runs as (default $TITEN_API_KEY)")
-    p.add_argument("--url", help="bridge to a served titen (its base URL or .../mcp) instead of the local store")
+    p.add_argument("--url", type=http_url,
+                   help="bridge to a served titen (its base URL or .../mcp) instead of the local store")
     p.set_defaults(run=cmd_mcp)
 
     p = sub.add_parser("rebuild", parents=[common], help="build and publish snapshots from the ledger")
@@ -257,9 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("import", parents=[common], help="bulk-load NDJSON observation bodies")
     p.add_argument("file")
     p.add_argument("--org", required=True, type=org_id, help="the organization the lines are written to")
-    p.add_argument("--principal", default="importer",
+    p.add_argument("--principal", default="importer", type=principal_id,
                    help="recorded as the writer (owner of private records; default importer)")
-    p.add_argument("--workspaces", help="comma list of workspaces the importer may write team records to")
+    p.add_argument("--workspaces", type=workspace_list,
+                   help="comma list of workspaces the importer may write team records to")
     p.add_argument("--batch-size", type=int, default=500, help="lines per ledger entry (1-10000; default 500)")
     p.add_argument("--rebuild", action="store_true", help="rebuild the organization afterwards")
     p.set_defaults(run=cmd_import)
@@ -278,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_keys_revoke)
 
     p = sub.add_parser("demo", parents=[common], help="load the demo memory and print a working key")
-    p.add_argument("--port", type=int, default=8787, help="the port the printed curl call uses (default 8787)")
+    p.add_argument("--port", type=port_number, default=8787, help="the port the printed curl call uses (default 8787)")
     p.set_defaults(run=cmd_demo)
 
     snaps = sub.add_parser("snapshots", help="inspect or roll back published generations").add_subparsers(

@@ -149,7 +149,13 @@ def test_a_rollback_to_a_generation_not_kept_is_a_one_line_refusal(tmp_path, cap
 
 @pytest.mark.parametrize("argv", [["rebuild", "--org", "A B"], ["import", "x.ndjson", "--org", "Bad Org"],
                                   ["snapshots", "list", "--org", "../acme"],
-                                  ["snapshots", "rollback", "--org", "acme", "--generation", "-1"]])
+                                  ["snapshots", "rollback", "--org", "acme", "--generation", "-1"],
+                                  # a record written under a principal no key can name could never be read
+                                  ["import", "x.ndjson", "--org", "acme", "--principal", "bad principal"],
+                                  ["import", "x.ndjson", "--org", "acme", "--principal", ""],
+                                  ["import", "x.ndjson", "--org", "acme", "--workspaces", "ws one"],
+                                  ["serve", "--port", "-1"], ["serve", "--port", "70000"],
+                                  ["demo", "--port", "-5"], ["mcp", "--url", "notaurl"]])
 def test_a_malformed_org_or_generation_is_refused_before_anything_is_written(tmp_path, capsys, argv):
     data = tmp_path / "store"
     with pytest.raises(SystemExit) as exited:

@@ -246,3 +246,54 @@ def test_stale_temporary_files_in_the_ledger_are_removed_by_the_rebuild(tmp_path
     assert "acme: housekeeping removed 0 idempotency records, 1 temporary files" in said  # the operator sees it
     assert len(list(store.list_keys(import_markers_prefix("acme", "")[:-1]))) == 1  # the one block's marker
     assert BLOCK_LINES == 100
+
+
+@pytest.mark.parametrize("change", ["a forbidden character, same length", "truncated"])
+def test_a_file_changed_after_it_was_validated_stops_the_import_and_stores_nothing_unvalidated(tmp_path, change):
+    """Lines are stored only as validated: a line that no longer hashes to
+    what was validated stops the import, naming it (core/writes/importer.py)."""
+    from core.writes.importer import FileChanged
+    store = LocalStore(str(tmp_path / "store"))
+    src = write_ndjson(tmp_path / "lines.ndjson", LINES)
+    raw = Path(src).read_bytes()
+
+    def progress(message):
+        if message.startswith("validated"):  # between the validating read and the storing one
+            if change == "truncated":
+                Path(src).write_bytes(raw[:len(raw) // 2])
+            else:
+                # "line 2" → "\u202e" escaped is longer; a same-length swap: 6 bytes for 6 bytes
+                Path(src).write_bytes(raw.replace(b'"line 2', b'"\\u202e'))
+
+    with pytest.raises(FileChanged, match=r"lines\.ndjson:\d+: the file changed since it was validated"):
+        import_file(store, PRINCIPAL, src, batch_size=100, progress=progress)
+    stored = b"".join(store.get(k).body for k in store.list_keys(ledger_prefix("acme")))
+    assert b"\\u202e" not in stored and "\u202e".encode() not in stored
+
+
+def test_a_pipe_is_refused_before_anything_is_written(tmp_path):
+    store = LocalStore(str(tmp_path / "store"))
+    fifo = str(tmp_path / "lines.fifo")
+    os.mkfifo(fifo)
+    src = write_ndjson(tmp_path / "lines.ndjson", 3)
+
+    def feed():
+        try:
+            with open(fifo, "wb") as w:
+                w.write(Path(src).read_bytes())
+        except BrokenPipeError:  # the importer closed it unread: what it should do
+            pass
+    threading.Thread(target=feed, daemon=True).start()
+    outcome = []
+
+    def run():  # in a thread: an importer that tried to read the pipe twice would wait forever
+        try:
+            import_file(store, PRINCIPAL, fifo)
+            outcome.append(None)
+        except Exception as exc:
+            outcome.append(exc)
+    importer = threading.Thread(target=run, daemon=True)
+    importer.start()
+    importer.join(timeout=10)
+    assert outcome and "cannot be read twice" in str(outcome[0])
+    assert list(store.list_keys("")) == []

@@ -26,6 +26,12 @@ run imports the same file. How:
   writer stores nothing twice.
 - The rebuild refuses a line it already applied (``import_lines``), so even
   a ledger holding one line twice could never put twins in a snapshot.
+- A line is stored only as it was validated: the file is read twice (to
+  validate it whole, then to store it by byte offsets), so each line's
+  sha256 is kept from the first read and checked at the second. A file
+  changed in between stops the import, naming the line, instead of storing
+  text no validation saw. A file that cannot be read twice (a pipe) is
+  refused before anything is written.
 """
 
 from __future__ import annotations
@@ -69,11 +75,16 @@ def _part_hex(group_hex: str, part: int) -> str:
     return f"{group_hex[:24]}{part:04x}0000"
 
 
+class FileChanged(ValidationError):
+    """The file no longer holds the line that was validated."""
+
+
 class _Import:
     def __init__(self, store: Store, principal: Principal, path: str, file_sha: str,
-                 numbers: array, offsets: array, batch_size: int):
+                 numbers: array, offsets: array, batch_size: int, line_hashes: bytes = b""):
         self.store, self.principal, self.path, self.file_sha = store, principal, path, file_sha
         self.numbers, self.offsets, self.batch_size = numbers, offsets, batch_size
+        self.line_hashes = line_hashes  # sha256 of each validated line, 32 bytes each, in order
         self.ledger = Ledger(store)
         self.org_id = principal.org_id
         self.blocks = (len(numbers) + BLOCK_LINES - 1) // BLOCK_LINES
@@ -126,8 +137,14 @@ class _Import:
                 observations, claims, lines = [], [], []
                 for pos, i in enumerate(indexes[start:start + batch_size]):
                     f.seek(self.offsets[i])
+                    line = f.readline()
+                    if hashlib.sha256(line).digest() != self.line_hashes[32 * i:32 * i + 32]:
+                        raise FileChanged(
+                            f"{self.path}:{self.numbers[i]}: the file changed since it was validated; the lines "
+                            "stored so far are the file's as it was validated. Import the file as it is now "
+                            "(validated again, as another import), or restore it and run this import again")
                     obs, obs_claims = build_observation(
-                        principal, json.loads(f.readline()), f"obs_{record_hex(hex_, 2 * pos + 1)}",
+                        principal, json.loads(line), f"obs_{record_hex(hex_, 2 * pos + 1)}",
                         f"claim_{record_hex(hex_, 2 * pos + 2)}", created_at)
                     observations.append(obs)
                     claims.extend(obs_claims)
@@ -200,8 +217,14 @@ def import_file(store: Store, principal: Principal, path: str, *, batch_size: in
     progress = progress or (lambda message: None)
     if not 1 <= batch_size <= MAX_BATCH_SIZE:
         raise ValidationError(f"--batch-size must be between 1 and {MAX_BATCH_SIZE}; got {batch_size}")
+    with open(path, "rb") as f:  # a missing or unreadable file: the OSError, one line from the CLI
+        rereadable = f.seekable()
+    if not rereadable:
+        raise ValidationError(f"{path} cannot be read twice (a pipe or a terminal): the import validates the "
+                              "whole file before it stores a line, then reads it again; save it to a file first")
     digest = hashlib.sha256()
     numbers, offsets = array("q"), array("q")
+    line_hashes = bytearray()
     probe = "0" * 28 + "0000"
     bad: list[str] = []
     bad_count = 0
@@ -218,6 +241,7 @@ def import_file(store: Store, principal: Principal, path: str, *, batch_size: in
             continue
         numbers.append(number)
         offsets.append(offset)
+        line_hashes += hashlib.sha256(line).digest()
     if bad_count:
         more = f"\n… and {bad_count - len(bad)} more" if bad_count > len(bad) else ""
         raise ValidationError(f"{path}: {bad_count} bad line{'s' if bad_count > 1 else ''}; nothing was imported\n"
@@ -227,7 +251,7 @@ def import_file(store: Store, principal: Principal, path: str, *, batch_size: in
     file_sha = digest.hexdigest()
     total = len(numbers)
     progress(f"validated {total} lines; importing in batches of {batch_size}")
-    job = _Import(store, principal, path, file_sha, numbers, offsets, batch_size)
+    job = _Import(store, principal, path, file_sha, numbers, offsets, batch_size, bytes(line_hashes))
     if total:
         Ledger(store).register_organization(principal.org_id)
         job.run(progress)
