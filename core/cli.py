@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from core.config import Settings
@@ -28,6 +29,21 @@ def _settings(args) -> Settings:
 def _service(args, **kw):
     from core.service import Service
     return Service(_settings(args), **kw)
+
+
+def _existing_service(args, **kw):
+    """The service of a store that exists: a command that only reads or
+    changes what is there (rebuild, snapshots, erasures, keys revoke) never
+    makes an empty store of a mistyped ``--data-dir``."""
+    settings = _settings(args)
+    url = settings.store_url
+    if not url.startswith("s3://"):  # file://DIR or a bare path, as core.storage.open_store reads it
+        root = url[len("file://"):] if url.startswith("file://") else url
+        if not os.path.isdir(root):
+            from core.errors import NotFound
+            raise NotFound(f"no store at {root}: nothing was ever written there (a mistyped --data-dir?)")
+    from core.service import Service
+    return Service(settings, **kw)
 
 
 def default_workers() -> int:
@@ -99,7 +115,7 @@ def cmd_mcp(args) -> int:
 
 
 def cmd_rebuild(args) -> int:
-    service = _service(args)
+    service = _existing_service(args)
     orgs = [known_org(service, args.org)] if args.org else service.ledger.organizations()
     for org_id in orgs:
         result = service.builder(org_id, progress=stderr_progress).rebuild(from_scratch=args.from_scratch)
@@ -132,7 +148,7 @@ def cmd_keys_create(args) -> int:
 
 
 def cmd_keys_revoke(args) -> int:
-    record = _service(args).keys.revoke(args.key_id)
+    record = _existing_service(args).keys.revoke(args.key_id)
     print(json.dumps({"key_id": record["key_id"], "revoked_at": record["revoked_at"]}))
     return 0
 
@@ -157,7 +173,7 @@ def cmd_demo(args) -> int:
 
 def cmd_snapshots_list(args) -> int:
     from core.snapshot.pointer import read_pointer
-    service = _service(args)
+    service = _existing_service(args)
     pointer, _ = read_pointer(service.store, known_org(service, args.org))
     print(json.dumps(pointer or {}, indent=1))
     return 0
@@ -165,14 +181,14 @@ def cmd_snapshots_list(args) -> int:
 
 def cmd_snapshots_rollback(args) -> int:
     from core.snapshot.rollback import rollback
-    service = _service(args)
+    service = _existing_service(args)
     print(json.dumps(rollback(service.store, known_org(service, args.org), args.generation)))
     return 0
 
 
 def cmd_erasures_reapply(args) -> int:
     from core.erasure.work import reapply
-    service = _service(args)
+    service = _existing_service(args)
     print(json.dumps(reapply(service.store, known_org(service, args.org), stderr_progress)))
     return 0
 

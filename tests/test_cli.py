@@ -175,6 +175,18 @@ def test_an_empty_store_or_data_dir_is_refused_not_read_as_the_current_directory
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("argv", [["rebuild"], ["rebuild", "--org", "acme"], ["snapshots", "list", "--org", "acme"],
+                                  ["snapshots", "rollback", "--org", "acme", "--generation", "1"],
+                                  ["erasures", "reapply", "--org", "acme"],
+                                  ["keys", "revoke", "key_0123456789abcdef0123456789abcdef"]])
+def test_a_command_on_a_store_that_does_not_exist_is_refused_and_creates_nothing(tmp_path, capsys, argv):
+    typo = tmp_path / "no-such-store"
+    code, out, err = run(capsys, *argv, "--data-dir", str(typo))
+    assert (code, out) == (2, "") and err == f"titen: no store at {typo}: nothing was ever written there " \
+                                                "(a mistyped --data-dir?)\n"
+    assert not typo.exists()
+
+
 @pytest.mark.parametrize("argv", [["rebuild", "--org", "nobody"], ["snapshots", "list", "--org", "nobody"],
                                   ["erasures", "reapply", "--org", "nobody"]])
 def test_an_unknown_org_is_refused_in_one_line_and_not_built(tmp_path, capsys, argv):
