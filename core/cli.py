@@ -147,6 +147,12 @@ def cmd_keys_create(args) -> int:
     return 0
 
 
+def cmd_keys_list(args) -> int:
+    for record in _existing_service(args).keys.listing(args.org):
+        print(json.dumps(record))
+    return 0
+
+
 def cmd_keys_revoke(args) -> int:
     record = _existing_service(args).keys.revoke(args.key_id)
     print(json.dumps({"key_id": record["key_id"], "revoked_at": record["revoked_at"]}))
@@ -164,7 +170,8 @@ def cmd_demo(args) -> int:
     result = service.rebuild(DEMO_ORG)
     print(f"demo organization '{DEMO_ORG}': {written} new writes, generation {result.generation}, "
           f"{result.claim_count} claims")
-    print(f"API key (org {DEMO_ORG}, all scopes): {created['api_key']}")
+    print(f"API key (org {DEMO_ORG}, all scopes): {created['api_key']}  (key_id {created['key_id']}: "
+          f"titen keys revoke {created['key_id']})")
     print(f"try:\n  curl -s localhost:{args.port}/v1/context/compile -H 'authorization: Bearer "
           f"{created['api_key']}' -H 'content-type: application/json' \\\n"
           f"    -d '{{\"subject_id\":\"{DEMO_SUBJECT}\",\"task\":\"can we deploy on friday\",\"max_tokens\":1200}}'")
@@ -314,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rebuild", action="store_true", help="rebuild the organization afterwards")
     p.set_defaults(run=cmd_import)
 
-    keys = sub.add_parser("keys", help="create or revoke API keys").add_subparsers(dest="keys_command", required=True)
+    keys = sub.add_parser("keys", help="create, list or revoke API keys").add_subparsers(dest="keys_command", required=True)
     p = keys.add_parser("create", parents=[common])
     p.add_argument("--org", required=True, type=org_id, help="the organization the key belongs to")
     p.add_argument("--principal", required=True, help="who the key acts as (owner of its private records)")
@@ -323,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workspaces", default="", help="comma list of workspaces whose team records the key reads")
     p.add_argument("--json", action="store_true", help="print the key as one JSON object")
     p.set_defaults(run=cmd_keys_create)
+    p = keys.add_parser("list", parents=[common], help="one JSON line per key of an organization (never the key)")
+    p.add_argument("--org", required=True, type=org_id)
+    p.set_defaults(run=cmd_keys_list)
     p = keys.add_parser("revoke", parents=[common])
     p.add_argument("key_id")
     p.set_defaults(run=cmd_keys_revoke)

@@ -83,6 +83,23 @@ class KeyRing:
         Ledger(self.store).register_organization(org_id)
         return {"key_id": key_id, "api_key": api_key, "org_id": org_id, "principal_id": principal_id}
 
+    def listing(self, org_id: str) -> list[dict]:
+        """The organization's keys, oldest first, as an operator reads them:
+        id, principal, scopes, workspaces, when created and revoked; never
+        the key or its hash."""
+        records = []
+        for name in self.store.list_keys("keys/"):
+            if name.startswith("keys/by-id/") or not name.endswith(".json"):
+                continue
+            try:
+                record = json.loads(self.store.get(name).body)
+            except (ObjectNotFound, ValueError):
+                continue  # revoked and removed meanwhile, or not a key record
+            if record.get("org_id") == org_id:
+                records.append({k: record.get(k) for k in ("key_id", "principal_id", "scopes", "workspaces",
+                                                           "created_at", "revoked_at")})
+        return sorted(records, key=lambda r: (r["created_at"] or "", r["key_id"] or ""))
+
     def revoke(self, key_id: str) -> dict:
         # a malformed value is never echoed: it may be (part of) an API key,
         # and an error line lands in terminals and logs

@@ -2,6 +2,7 @@
 
 import json
 import socket
+import re
 import subprocess
 import sys
 import time
@@ -225,6 +226,30 @@ def test_demo_prints_a_working_key_and_is_idempotent(tmp_path, capsys):
     first = _demo_claims(tmp_path)
     run(capsys, "demo", "--data-dir", str(tmp_path))
     assert _demo_claims(tmp_path) == first > 5
+
+
+def test_keys_list_shows_an_organizations_keys_without_the_keys(tmp_path, capsys):
+    data = str(tmp_path)
+    made = []
+    for principal in ("rama", "ci-bot"):
+        _, out, _ = run(capsys, "keys", "create", "--org", "acme", "--principal", principal, "--scopes",
+                        "context:compile", "--json", "--data-dir", data)
+        made.append(json.loads(out))
+    run(capsys, "keys", "create", "--org", "globex", "--principal", "rama", "--scopes", "admin", "--data-dir", data)
+    run(capsys, "keys", "revoke", made[0]["key_id"], "--data-dir", data)
+    code, out, err = run(capsys, "keys", "list", "--org", "acme", "--data-dir", data)
+    listed = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and err == ""
+    assert [(k["key_id"], k["principal_id"]) for k in listed] == [(m["key_id"], m["principal_id"]) for m in made]
+    assert listed[0]["revoked_at"] is not None and listed[1]["revoked_at"] is None
+    assert "titen_sk_" not in out and all(set(k) == {"key_id", "principal_id", "scopes", "workspaces", "created_at",
+                                                    "revoked_at"} for k in listed)
+
+
+def test_demo_prints_the_key_id_it_can_be_revoked_by(tmp_path, capsys):
+    code, out, _ = run(capsys, "demo", "--data-dir", str(tmp_path))
+    key_id = re.search(r"titen keys revoke (key_[0-9a-f]{32})", out).group(1)
+    assert run(capsys, "keys", "revoke", key_id, "--data-dir", str(tmp_path))[0] == 0
 
 
 def _demo_claims(tmp_path):
