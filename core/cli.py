@@ -16,7 +16,7 @@ import sys
 
 from core.config import Settings
 from core.errors import TitenError
-from core.writes.importer import import_file, stderr_progress
+from core.writes.importer import check_rereadable, import_file, stderr_progress
 from core.keys import Principal
 from core.snapshot.publish import RebuildConflict
 from core.storage import StoreError
@@ -124,6 +124,7 @@ def cmd_rebuild(args) -> int:
 
 
 def cmd_import(args) -> int:
+    check_rereadable(args.file)  # before the store is opened: a refusal leaves no directory behind
     service = _service(args)
     principal = Principal(org_id=args.org, principal_id=args.principal, key_id="cli",
                           scopes=frozenset({"admin", "memory:write", "memory:verify"}),

@@ -218,6 +218,7 @@ def test_importing_a_file_that_cannot_be_read_is_one_line(tmp_path, capsys, name
     code, out, err = run(capsys, "import", str(tmp_path / name), "--org", "acme", "--data-dir", str(tmp_path / "s"))
     assert code == 1 and out == "" and err.startswith("titen: ") and err.count("\n") == 1
     assert "Traceback" not in err
+    assert not (tmp_path / "s").exists()  # refused before the store was opened
 
 
 def test_demo_prints_a_working_key_and_is_idempotent(tmp_path, capsys):

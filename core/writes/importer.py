@@ -212,16 +212,22 @@ class _Import:
 NAMED_BAD_LINES = 20  # a file's bad lines named in the refusal; the rest are counted
 
 
-def import_file(store: Store, principal: Principal, path: str, *, batch_size: int = 500,
-                progress: Callable[[str], None] | None = None) -> dict:
-    progress = progress or (lambda message: None)
-    if not 1 <= batch_size <= MAX_BATCH_SIZE:
-        raise ValidationError(f"--batch-size must be between 1 and {MAX_BATCH_SIZE}; got {batch_size}")
+def check_rereadable(path: str) -> None:
+    """``ValidationError`` for a file that cannot be read twice (a pipe);
+    the OSError of one that cannot be read at all."""
     with open(path, "rb") as f:  # a missing or unreadable file: the OSError, one line from the CLI
         rereadable = f.seekable()
     if not rereadable:
         raise ValidationError(f"{path} cannot be read twice (a pipe or a terminal): the import validates the "
                               "whole file before it stores a line, then reads it again; save it to a file first")
+
+
+def import_file(store: Store, principal: Principal, path: str, *, batch_size: int = 500,
+                progress: Callable[[str], None] | None = None) -> dict:
+    progress = progress or (lambda message: None)
+    if not 1 <= batch_size <= MAX_BATCH_SIZE:
+        raise ValidationError(f"--batch-size must be between 1 and {MAX_BATCH_SIZE}; got {batch_size}")
+    check_rereadable(path)
     digest = hashlib.sha256()
     numbers, offsets = array("q"), array("q")
     line_hashes = bytearray()
