@@ -10,7 +10,8 @@ overrides, isolates), which can make a stored text read other than it is.
 FORBIDDEN_RANGES = ((0x00, 0x08), (0x0B, 0x1F), (0x7F, 0x9F), (0x61C, 0x61C), (0x200E, 0x200F),
                     (0x202A, 0x202E), (0x2066, 0x2069))
 
-# the ranges as the inside of a regular-expression class, in \uXXXX escapes
-# that Python's re and ECMA-262 (JSON Schema's pattern) read alike
+# the ranges as the inside of a regular-expression class, as backslash-u
+# escapes of four hex digits, which Python's re and ECMA-262 (JSON Schema's
+# pattern) read alike
 FORBIDDEN_CLASS = "".join(f"\\u{lo:04x}" if lo == hi else f"\\u{lo:04x}-\\u{hi:04x}"
                           for lo, hi in FORBIDDEN_RANGES)

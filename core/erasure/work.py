@@ -42,7 +42,7 @@ def requester_of(record: dict) -> Requester:
 
 def told_counts(erased: dict, taken: dict) -> dict:
     """The counts ``GET /v1/erasures/{id}`` shows: of the records erased,
-    those its requester could read (DESIGN: a record the caller may not
+    those its requester could read (docs/api.md §6: a record the caller may not
     read reaches no count). The ledger's ``erasure_complete`` entry keeps
     the totals, for operators. ``taken``: the ledger purge's counts
     (``Purged.taken``)."""

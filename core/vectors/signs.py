@@ -18,8 +18,8 @@ keys its caller holds, once per generation and server process. So a claim
 the caller may not read costs that caller nothing, not even time: the
 first semantic compile of a subject used to read every claim of it from
 the vec0 table, and 20,000 private claims of another principal made it
-about 100 ms slower (DESIGN §3: what the caller may not read never reaches
-timing-visible work).
+about 100 ms slower (docs/api.md §9.3: what the caller may not read costs it
+no work, so not even time).
 
 Held like ``core.compile.catalog``: per ``Snapshot`` object, weakly, so a
 retired generation's bits go with it; the groups are disjoint, so what is
