@@ -117,7 +117,7 @@ SCHEMAS: dict[str, Any] = {
                      "claim_count": INT, "snapshot_bytes": INT, "seconds": NUM, "notes": _s("array", items=STR)}),
     "Ready": _obj({"status": _s("string", enum=["ready", "not_ready"]), "generation": INT,
                    "generation_age_seconds": _s(["number", "null"]),
-                   "claim_count": _s(["integer", "null"], description="claims the key may read; null without a key"),
+                   "claim_count": _s(["integer", "null"], description="claims the key may read; null without a key or while not_ready"),
                    "vector": _s("string", enum=["disabled", "enabled", "error"]), "organizations": INT,
                    "last_refresh_error": NSTR, "last_eviction": NSTR, "last_delta_fallback": NSTR,
                    "reason": _s("string", description="why not_ready"), "vector_error": STR},
