@@ -322,7 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rebuild", action="store_true", help="rebuild the organization afterwards")
     p.set_defaults(run=cmd_import)
 
-    keys = sub.add_parser("keys", help="create, list or revoke API keys").add_subparsers(dest="keys_command", required=True)
+    keys = sub.add_parser("keys", help="create, list or revoke API keys").add_subparsers(dest="keys_command",
+                                                                                     required=True)
     p = keys.add_parser("create", parents=[common])
     p.add_argument("--org", required=True, type=org_id, help="the organization the key belongs to")
     p.add_argument("--principal", required=True, help="who the key acts as (owner of its private records)")

@@ -20,7 +20,7 @@
 | TITEN_METRICS | off | emf: write CloudWatch EMF metrics to stdout (core.observe.emf); the template sets it |
 | TITEN_METRICS_NAMESPACE | titen | the metrics' CloudWatch namespace (the template: titen/<stack name>) |
 | TITEN_METRICS_ORGS | unset | comma list of at most 10 organizations whose metrics also carry an Organization dimension |
-| TITEN_PRELOAD_ORGS | unset | comma list of organizations whose snapshot the Lambda API function loads at import (the init phase), not in its first request |
+| TITEN_PRELOAD_ORGS | unset | comma list of organizations whose snapshot the Lambda API function loads at import |
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ class FileChanged(ValidationError):
 
 class _Import:
     def __init__(self, store: Store, principal: Principal, path: str, file_sha: str,
-                 numbers: array, offsets: array, batch_size: int, line_hashes: bytes = b""):
+                 numbers: array, offsets: array, batch_size: int, line_hashes: bytes):
         self.store, self.principal, self.path, self.file_sha = store, principal, path, file_sha
         self.numbers, self.offsets, self.batch_size = numbers, offsets, batch_size
         self.line_hashes = line_hashes  # sha256 of each validated line, 32 bytes each, in order
