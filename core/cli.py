@@ -106,7 +106,8 @@ def cmd_mcp(args) -> int:
         if not api_key:
             print("titen: titen mcp needs a key: --api-key or TITEN_API_KEY", file=sys.stderr)
             return 2
-        service = _service(args, auto_rebuild=True)
+        from core.serving import standalone_service
+        service = standalone_service(_settings(args), auto_rebuild=True)
         org_id = service.keys.authenticate("Bearer " + api_key).org_id
         if org_id in service.ledger.organizations():
             service.rebuild(org_id)

@@ -22,6 +22,12 @@ class InstantOutOfRange(ValueError):
     """A well-formed instant outside ``EARLIEST`` .. ``LATEST`` in UTC."""
 
 
+class NoSuchInstant(ValueError):
+    """Text of the right shape naming a date or time the calendar lacks
+    (``2026-02-30``, ``24:00``, ``23:59:60``): the caller wrote the form
+    right, so the error says what does not exist rather than the form."""
+
+
 def now_utc() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -50,14 +56,20 @@ SCHEMA_PATTERN = (r"^((19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|[12][
 
 def parse_instant(value: str) -> datetime:
     """An aware UTC datetime from ISO-8601 text of ``SHAPE``; another shape
-    or naive input is rejected (``ValueError``), an instant outside the
-    range is ``InstantOutOfRange``."""
+    or naive input is rejected (``ValueError``), a date or time that does
+    not exist is ``NoSuchInstant``, an instant outside the range is
+    ``InstantOutOfRange``. A fraction is kept to the microsecond, the
+    canonical precision: digits past the sixth are dropped, not rounded, so
+    no instant moves into the next second (or day, or year)."""
     if SHAPE.fullmatch(value) is None:
         raise ValueError("not YYYY-MM-DDTHH:MM[:SS[.fff]] with Z or an offset")
     text = value
     if text.endswith(("Z", "z")):
         text = text[:-1] + "+00:00"
-    dt = datetime.fromisoformat(text)
+    try:
+        dt = datetime.fromisoformat(text)
+    except ValueError as exc:  # "day is out of range for month", "hour must be in 0..23", …
+        raise NoSuchInstant(str(exc)) from None
     if dt.tzinfo is None:
         raise ValueError("instant needs a time zone offset or Z")
     try:

@@ -49,13 +49,16 @@ class _Count:
 
 class Service:
     def __init__(self, settings: Settings, *, auto_rebuild: bool = False, store=None, embedder=None,
-                 rebuilds=None, serves: bool = True, bell=None):
+                 rebuilds=None, serves: bool = True, bell=None, reader_dir: str | None = None):
         """``rebuilds``: a server process of ``titen serve`` asks its
         supervisor for every rebuild (``core.rebuild.host``); ``serves``
         False: the supervisor itself, which builds but serves nothing;
         ``bell``: the supervisor's publish counter this reader looks at per
         request (core.serving sets the supervisor's ``on_publish`` to ring it; a builder calls it
-        before an erasure it carried out is marked complete)."""
+        before an erasure it carried out is marked complete); ``reader_dir``:
+        where this process keeps the generations it serves, when not the
+        cache directory itself (a directory of its own, held for its life:
+        core.serving.standalone_service)."""
         self.settings = settings
         self.metrics = Metrics.from_settings(settings)  # EMF on stdout when TITEN_METRICS=emf
         self.store = store or open_store(settings.store_url)
@@ -84,7 +87,8 @@ class Service:
                 except Exception:  # served lexical-only; compile says vector "error"
                     logging.getLogger("titen").exception("loading sqlite-vec failed")
         self.vector_state = "used" if self.vectors is not None else "disabled"
-        self.reader = SnapshotReader(self.store, settings.cache_dir, settings.snapshot_ttl, settings.max_orgs,
+        self.reader = SnapshotReader(self.store, reader_dir or settings.cache_dir, settings.snapshot_ttl,
+                                     settings.max_orgs,
                                      on_open=on_open, max_bytes=settings.cache_bytes, bell=bell)
         self.auto_rebuild = auto_rebuild
         self.rebuilds = rebuilds

@@ -102,11 +102,55 @@ def follow_bell(reader, interval: float = BELL_CHECK_SECONDS) -> None:
         time.sleep(interval)
         if reader.bell.value != seen:
             seen = reader.bell.value
-            for org_id in reader.loaded():
-                try:
-                    reader.check(org_id)  # due now: the reader saw the bell too
-                except Exception:  # never raises by contract; if it did, keep following
-                    logging.getLogger("titen").exception("refreshing %s after a publish failed", org_id)
+            _check_held(reader)  # due now: the reader saw the bell too
+
+
+def follow_pointer(reader, interval: float) -> None:
+    """Check every organization this process holds each ``interval``
+    (its reader's TTL), requests or not. A process with no supervisor's
+    bell to follow learns of another process's publish only by reading the
+    pointer, and idle it would keep an older generation (after an erasure,
+    a copy of the erased text) until its next request."""
+    while True:
+        time.sleep(interval)
+        _check_held(reader)
+
+
+def _check_held(reader) -> None:
+    for org_id in reader.loaded():
+        try:
+            reader.check(org_id)
+        except Exception:  # never raises by contract; if it did, keep following
+            logging.getLogger("titen").exception("refreshing %s after a publish failed", org_id)
+
+
+def standalone_service(settings: Settings, **kw):
+    """A Service for a process that serves on its own beside whatever else
+    uses the store (``titen mcp`` on the embedded store, perhaps beside
+    ``titen serve``), kept to the rules of ``titen serve``'s servers:
+
+    - its generations lie in a directory of its own (``<cache>/serve-<pid>``,
+      held for its life): if the process is killed, the next erasure (or
+      server start) removes them, where a copy left at the cache root would
+      stay until some later process opened a reader there;
+    - it follows the pointer from a thread, so an idle process drops an older
+      generation soon after another process publishes: every tenth of a
+      second on a local store, where reading the pointer costs a file read
+      and ``titen serve``'s servers follow their bell as often; every
+      ``TITEN_SNAPSHOT_TTL`` on S3, where it costs a request. Its requests
+      check as often. Its own rebuilds still wait the configured TTL before
+      an erasure they carried out reads complete, for the other readers."""
+    from core.service import Service
+
+    cache_dir = hold_server_dir(settings.cache_dir)
+    remove_dead_server_dirs(settings.cache_dir)
+    atexit.register(release_server_dir, cache_dir)
+    service = Service(settings, reader_dir=cache_dir, **kw)
+    if not settings.store_url.startswith("s3://"):
+        service.reader.ttl = min(settings.snapshot_ttl, BELL_CHECK_SECONDS)
+    threading.Thread(target=follow_pointer, args=(service.reader, service.reader.ttl), name="titen-follow",
+                     daemon=True).start()
+    return service
 
 
 @dataclasses.dataclass

@@ -13,12 +13,13 @@ import json
 import math
 import re
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, Iterable
 
 from core.bodies import IDENTIFIER, Record
 from core.characters import FORBIDDEN_CLASS
 from core.errors import PayloadTooLarge, ValidationError, echo, printable
-from core.instants import RANGE_TEXT, InstantOutOfRange, parse_instant
+from core.instants import RANGE_TEXT, InstantOutOfRange, NoSuchInstant, parse_instant
 
 MAX_BODY_BYTES = 1 << 20
 MAX_DEPTH = 64
@@ -97,7 +98,7 @@ def _parse(raw: bytes, max_depth: int = MAX_DEPTH) -> tuple[Any, str]:
     _check_depth(text, max_depth)
     try:
         value = json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int,
-                           object_pairs_hook=_object)
+                           parse_float=_parse_float, object_pairs_hook=_object)
     except ValidationError:
         raise
     except (ValueError, RecursionError) as exc:
@@ -118,6 +119,23 @@ def _parse_int(digits: str) -> int:
         raise ValidationError(f"request body holds an integer of {len(digits.lstrip('-'))} digits; "
                               f"an integer in a body may have at most {MAX_INT_DIGITS}")
     return int(digits)
+
+
+class RoundedToWhole(float):
+    """A JSON number with a fraction that a 64-bit float rounds away
+    (``127.99999999999999999`` reads as 128.0): a number where a number is
+    asked, never an integer, since the caller did not send a whole number."""
+
+
+def _parse_float(literal: str) -> float:
+    value = float(literal)
+    # only a float that came out whole can have lost a fraction; Decimal
+    # reads the literal exactly (to_integral_value takes any exponent)
+    if value.is_integer():
+        exact = Decimal(literal)
+        if exact != exact.to_integral_value():
+            return RoundedToWhole(value)
+    return value
 
 
 def _object(pairs: list[tuple[str, Any]]) -> dict:
@@ -246,7 +264,7 @@ class Fields:
             return default
         # JSON has one number type and JSON Schema calls 2.0 an integer, so
         # a client that sends one (as a float-only JSON encoder does) is right
-        if isinstance(v, float) and v.is_integer():
+        if isinstance(v, float) and v.is_integer() and not isinstance(v, RoundedToWhole):
             v = int(v)
         if isinstance(v, bool) or not isinstance(v, int):
             raise ValidationError(f"{self._name(name)} must be an integer")
@@ -259,7 +277,9 @@ class Fields:
         v = self._get(name, required)
         if v is None:
             return default
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        # math.isfinite(int) converts to float, and an integer of 309 digits
+        # overflows that: only a float can be infinite, and ints compare exactly
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
             raise ValidationError(f"{self._name(name)} must be a number")
         if not lo <= v <= hi:
             raise ValidationError(f"{self._name(name)} must be between {lo} and {hi}; got {echo(str(v))}")
@@ -287,6 +307,9 @@ class Fields:
             raise ValidationError(
                 f"{self._name(name)} must be an instant from {RANGE_TEXT} (UTC, after its offset); "
                 f"got {echo(v)!r}") from None
+        except NoSuchInstant as exc:
+            raise ValidationError(
+                f"{self._name(name)} names a date or time that does not exist ({exc}); got {echo(v)!r}") from None
         except ValueError:
             raise ValidationError(
                 f"{self._name(name)} must be an ISO-8601 instant YYYY-MM-DDTHH:MM[:SS[.ffffff]] with Z or "

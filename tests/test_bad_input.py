@@ -54,6 +54,10 @@ ROUTE_CASES = [
     ("/v1/observations", obs(occurred_at="2026-07-30T12:00:00"), "occurred_at must be an ISO-8601"),
     ("/v1/observations", obs(claim=claim(confidence=1.5)), "claim.confidence must be between"),
     ("/v1/observations", obs(claim=claim(confidence=True)), "claim.confidence must be a number"),
+    # an integer past a float's range (309 digits) is compared exactly, not converted
+    ("/v1/observations", obs(claim=claim(confidence=10 ** 400)), "claim.confidence must be between"),
+    ("/v1/consolidations", {"subject_id": "user_rama", "claims": [claim(confidence=-(10 ** 400), sources=[
+        {"observation_id": "obs_" + "1" * 32, "relation": "supports"}])]}, "claims[0].confidence must be between"),
     ("/v1/observations", obs(claim=claim(kind="opinion")), "claim.kind must be one of"),
     ("/v1/observations", obs(claim=claim(statement=...)), "claim.statement is required"),
     ("/v1/observations", obs(claim=claim(valid_from="2026-01-02T00:00:00Z", valid_to="2026-01-01T00:00:00Z")),
@@ -304,6 +308,18 @@ def test_a_whole_number_written_with_a_fraction_is_an_integer(api):
     claim_id = api.observe(key, claim={"statement": "s", "kind": "procedural", "confidence": 0.9})["claim_id"]
     r = api.post(f"/v1/claims/{claim_id}/expire", {"expected_version": 1.0}, key)
     assert r.status_code == 200 and r.json()["data"]["version"] == 2
+
+
+@pytest.mark.parametrize("literal", [b"127.99999999999999999", b"1200.0000000000000001", b"12.000000000000000001e2"])
+def test_a_fraction_a_float_would_round_away_is_still_not_an_integer(api, literal):
+    # a 64-bit float reads each of these as a whole number; the caller sent a fraction
+    key = api.key()
+    before = api.ledger_keys()
+    raw = b'{"subject_id": "user_rama", "task": "deploy", "max_tokens": ' + literal + b"}"
+    r = api.post("/v1/context/compile", raw, key)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == "max_tokens must be an integer"
+    assert api.ledger_keys() == before
 
 
 LONG = "y" * 3000

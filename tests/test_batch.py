@@ -88,6 +88,16 @@ def test_an_item_that_is_not_an_object_is_reported_by_its_index(api):
                                                            "items[2] must be a JSON object"]
 
 
+def test_an_item_with_a_confidence_past_a_floats_range_is_reported_alone(api):
+    key = api.key()
+    bad = item(1)
+    bad["claim"]["confidence"] = 10 ** 400
+    results = api.post("/v1/observations/batch", {"items": [item(0), bad]}, key).json()["data"]["results"]
+    assert "data" in results[0]
+    assert results[1]["error"]["code"] == "VALIDATION_ERROR"
+    assert results[1]["error"]["message"].startswith("items[1].claim.confidence must be between 0")
+    assert api.rebuild(key)["claim_count"] == 1
+
 def test_the_whole_batch_is_still_limited_to_one_mebibyte(api):
     items = [item(i, content="x" * 30_000) for i in range(40)]
     assert len(json.dumps({"items": items})) > 1 << 20

@@ -258,6 +258,16 @@ def test_keys_of_one_to_255_visible_characters_are_accepted(api, value):
     assert api.post("/v1/observations", OBSERVATION, keyed(api.key(), value)).status_code == 201
 
 
+def test_an_erasure_route_ignores_the_header_so_a_repeat_is_a_second_erasure(api):
+    # docs/api.md §12: only the POST write routes read the key; an erasure is not replayed
+    key = api.key(scopes="memory:write,memory:erase")
+    headers = {"authorization": key["authorization"], "Idempotency-Key": "has space"}
+    first = api.client.delete("/v1/subjects/user_gone", headers=headers)
+    second = api.client.delete("/v1/subjects/user_gone", headers=headers)
+    assert first.status_code == second.status_code == 202
+    assert first.json()["data"]["erasure_id"] != second.json()["data"]["erasure_id"]
+    assert "idempotent_replay" not in second.json()["meta"] and records(api) == []
+
 def test_an_invalid_body_does_not_use_up_the_key(api):
     key = api.key()
     bad = api.post("/v1/observations", {**OBSERVATION, "kind": "nonsense"}, keyed(key, "k"))

@@ -117,6 +117,30 @@ def test_an_ill_shaped_instant_is_a_400_that_says_the_shape_and_writes_nothing(a
     assert api.ledger_keys() == []
 
 
+# the right shape, naming a date or time the calendar lacks: the error says which part
+NO_SUCH_INSTANT = [("2026-02-30T00:00:00Z", "day is out of range for month"),
+                   ("2025-02-29T12:00:00Z", "day is out of range for month"),
+                   ("2026-13-01T00:00:00Z", "month must be in 1..12"),
+                   ("2026-07-30T24:00:00Z", "hour must be in 0..23"),
+                   ("2026-07-30T12:60:00Z", "minute must be in 0..59"),
+                   ("2026-12-31T23:59:60Z", "second must be in 0..59")]
+
+
+@pytest.mark.parametrize("value,reason", NO_SUCH_INSTANT)
+def test_a_date_or_time_that_does_not_exist_is_a_400_saying_so_and_writes_nothing(api, value, reason):
+    r = api.post("/v1/observations", observation("occurred_at", value), api.key())
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == (
+        f"occurred_at names a date or time that does not exist ({reason}); got {value!r}")
+    assert api.ledger_keys() == []
+
+
+@pytest.mark.parametrize("value,kept", [("2025-12-31T23:59:59.9999999Z", "2025-12-31T23:59:59.999999Z"),
+                                        ("2026-07-30T12:00:00.123456789+02:00", "2026-07-30T10:00:00.123456Z")])
+def test_a_fraction_is_kept_to_the_microsecond_and_never_rounded_up(value, kept):
+    from core.instants import canonical, parse_instant
+    assert canonical(parse_instant(value)) == kept
+
 # (an offset that moves an in-pattern instant out of range is checked beyond the pattern)
 @pytest.mark.parametrize("value", WELL_SHAPED + ILL_SHAPED + ["0001-01-01T00:00:00Z", "1969-12-31T23:59:59.999999Z"])
 def test_the_openapi_pattern_admits_only_what_the_validator_accepts(value):

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import anyio
@@ -163,3 +164,83 @@ def test_the_relay_answers_an_id_in_ill_formed_unicode_under_a_null_id_and_goes_
     answers = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [a.get("id") for a in answers] == [None, 3]
     assert answers[0]["error"]["code"] == -32600 and answers[1]["result"] == {}
+
+
+# -- an embedded process beside another that publishes (titen serve, titen rebuild) --
+
+MARKER = "zqxmarker rhubarb telescope"
+
+
+class _EmbeddedMcp:
+    """``titen mcp`` on ``data_dir``'s store, asked one tool call at a time."""
+
+    def __init__(self, data_dir: Path, key: str):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TITEN_")}
+        self.proc = subprocess.Popen([TITEN, "mcp", "--data-dir", str(data_dir), "--api-key", key],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     env=env)
+        self.held = data_dir / "cache" / f"serve-{self.proc.pid}"  # its generations, held for its life
+        self.asked = 0
+
+    def call(self, name: str, arguments: dict) -> dict:
+        self.asked += 1
+        message = {"jsonrpc": "2.0", "id": self.asked, "method": "tools/call",
+                   "params": {"name": name, "arguments": arguments}}
+        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())["result"]
+
+    def copies_holding(self, text: str) -> list[str]:
+        return [p.name for p in self.held.glob("*.sqlite*") if text.encode() in p.read_bytes()]
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def _marker_served_over_mcp(api):
+    key = api.key(scopes="context:compile,memory:write,memory:erase,admin")
+    api.observe(key, subject_id="user_gone", content=MARKER,
+                claim={"statement": MARKER, "kind": "semantic_fact", "confidence": 0.9})
+    api.rebuild(key)
+    mcp = _EmbeddedMcp(Path(api.service.settings.store_url[len("file://"):]), key["authorization"][7:])
+    result = mcp.call("titen_compile", {"subject_id": "user_gone", "task": "rhubarb telescope", "max_tokens": 1000})
+    assert [item["claim"] for item in result["structuredContent"]["items"]] == [MARKER]
+    assert mcp.copies_holding(MARKER)  # the generation it serves, in its own directory
+    return key, mcp
+
+
+def _erase_user_gone(api, key) -> None:
+    asked = api.client.delete("/v1/subjects/user_gone", headers={"authorization": key["authorization"]})
+    api.rebuild(key)  # another process publishes the generation that carries the erasure out
+    assert api.get(f"/v1/erasures/{asked.json()['data']['erasure_id']}", key).json()["data"]["status"] == "complete"
+
+
+def _files_holding(root: Path, text: str) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
+
+
+def test_a_killed_embedded_process_leaves_no_copy_of_what_the_next_erasure_erases(api):
+    key, mcp = _marker_served_over_mcp(api)
+    mcp.proc.kill()
+    mcp.proc.wait(timeout=30)
+    _erase_user_gone(api, key)
+    assert not mcp.held.exists()
+    assert _files_holding(Path(api.service.settings.store_url[len("file://"):]), MARKER) == []
+
+
+def test_an_idle_embedded_process_drops_the_generation_an_erasure_came_after(api):
+    key, mcp = _marker_served_over_mcp(api)
+    try:
+        _erase_user_gone(api, key)
+        # nothing is asked of it: its own thread reads the pointer and swaps
+        deadline = time.monotonic() + 30
+        while mcp.copies_holding(MARKER) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mcp.copies_holding(MARKER) == []
+        result = mcp.call("titen_compile", {"subject_id": "user_gone", "task": "rhubarb telescope",
+                                            "max_tokens": 1000})
+        assert result["structuredContent"]["items"] == []
+    finally:
+        mcp.close()
+    assert not mcp.held.exists()  # a process that ends removes its directory
