@@ -164,7 +164,9 @@ def cmd_keys_revoke(args) -> int:
 def cmd_demo(args) -> int:
     from core.demo import DEMO_ORG, DEMO_SUBJECT, load_demo
 
-    service = _service(args)
+    # builds and publishes, serves nothing: a generation it loaded would lie
+    # in the cache, held by no process, until another process swept it
+    service = _service(args, serves=False)
     created = service.keys.create(DEMO_ORG, "demo-admin", ["context:compile", "context:feedback", "memory:write",
                                                            "memory:verify", "memory:erase", "admin"], [])
     principal = service.keys.authenticate("Bearer " + created["api_key"])

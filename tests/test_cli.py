@@ -253,6 +253,13 @@ def test_demo_prints_the_key_id_it_can_be_revoked_by(tmp_path, capsys):
     assert run(capsys, "keys", "revoke", key_id, "--data-dir", str(tmp_path))[0] == 0
 
 
+def test_demo_builds_and_leaves_no_served_copy_of_a_generation_behind(tmp_path, capsys):
+    # a copy in the cache, held by no process, would outlast an erasure
+    # asked later through another process until some process swept it
+    assert run(capsys, "demo", "--data-dir", str(tmp_path))[0] == 0
+    assert _demo_claims(tmp_path) > 5
+    assert sorted(p.name for p in (tmp_path / "cache").glob("*.sqlite*")) == []
+
 def _demo_claims(tmp_path):
     return json.loads((tmp_path / "orgs" / "demo" / "snapshots" / "current.json").read_text())["claim_count"]
 
