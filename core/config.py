@@ -4,7 +4,7 @@
 | TITEN_STORE | file://$TITEN_DATA_DIR | store URL: file://DIR or s3://bucket/prefix |
 | TITEN_DATA_DIR | ./.titen | the embedded store's directory |
 | TITEN_CACHE_DIR | <data dir>/cache, or /tmp/titen for S3 | where snapshots are kept for reading |
-| TITEN_SNAPSHOT_TTL | 5 | seconds between checks for a new generation |
+| TITEN_SNAPSHOT_TTL | 0.1 on a local store, 5 on S3 | seconds between checks for a new generation (the SAM template sets 1) |
 | TITEN_SKEW_SECONDS | 600 | how far behind its watermark a rebuild re-reads the ledger |
 | TITEN_MAX_ORGS | 16 | snapshots held at once (least recently used evicted) |
 | TITEN_CACHE_BYTES | 75% of TITEN_EPHEMERAL_MB, else of the cache volume | disk budget of the snapshot cache (evicted by bytes) |
@@ -29,6 +29,14 @@ import os
 from dataclasses import dataclass
 
 
+# How often a reader reads an organization's pointer, by default. On a
+# local store the read is a file read, and another process on the same
+# directory (``titen mcp`` beside ``titen serve``) publishes without ringing
+# this one's bell: a tenth of a second. On S3 a read is a request.
+LOCAL_SNAPSHOT_TTL = 0.1
+S3_SNAPSHOT_TTL = 5.0
+
+
 @dataclass(frozen=True)
 class Settings:
     store_url: str
@@ -50,6 +58,10 @@ class Settings:
     metrics_organizations: tuple[str, ...] = ()
     preload_organizations: tuple[str, ...] = ()
 
+    @property
+    def local_store(self) -> bool:
+        return not self.store_url.startswith("s3://")
+
     @classmethod
     def from_env(cls, *, data_dir: str | None = None, store_url: str | None = None,
                  env: dict | None = None) -> "Settings":
@@ -65,7 +77,8 @@ class Settings:
             default_cache = "/tmp/titen"
         return cls(store_url=store_url,
                    cache_dir=env.get("TITEN_CACHE_DIR") or default_cache,
-                   snapshot_ttl=float(env.get("TITEN_SNAPSHOT_TTL") or 5),
+                   snapshot_ttl=float(env.get("TITEN_SNAPSHOT_TTL")
+                                      or (S3_SNAPSHOT_TTL if store_url.startswith("s3://") else LOCAL_SNAPSHOT_TTL)),
                    skew_seconds=int(env.get("TITEN_SKEW_SECONDS") or 600),
                    max_orgs=int(env.get("TITEN_MAX_ORGS") or 16),
                    embedder=env.get("TITEN_EMBEDDER") or None,

@@ -307,6 +307,14 @@ class Service:
             started = time.monotonic()
             try:
                 self.rebuild(org_id)
+            except Conflict:
+                # another process on the store (titen rebuild, titen mcp beside
+                # titen serve) published twice meanwhile; what it built may
+                # have been listed before this write, so the write still needs
+                # a rebuild of its own. Expected, so one line, no traceback.
+                logging.getLogger("titen").warning("in-process rebuild of %s: another process published "
+                                                   "first; rebuilding again", org_id)
+                self.schedule_rebuild(org_id)
             except Exception:  # the next write or an explicit rebuild tries again
                 logging.getLogger("titen").exception("in-process rebuild of %s failed", org_id)
             with self._guard:

@@ -74,7 +74,8 @@ class ServerApp:
             service.vectors.warm()
         for org_id in service.ledger.organizations()[:settings.max_orgs]:
             service.reader.check(org_id)  # fetched and verified before the first request, as at start
-        threading.Thread(target=follow_bell, args=(service.reader,), name="titen-bell", daemon=True).start()
+        threading.Thread(target=follow, args=(service.reader,), kwargs={"poll": settings.local_store},
+                         name="titen-bell", daemon=True).start()
         return create_app(service)
 
 
@@ -93,35 +94,26 @@ def _end_with(supervisor: int) -> None:
 BELL_CHECK_SECONDS = 0.1
 
 
-def follow_bell(reader, interval: float = BELL_CHECK_SECONDS) -> None:
-    """Refresh every organization this server holds when the bell rings,
-    whether or not a request comes: an idle server must not keep an older
-    generation (after an erasure, a copy of the erased text) in its cache."""
-    seen = reader.bell.value
+def follow(reader, interval: float = BELL_CHECK_SECONDS, *, poll: bool) -> None:
+    """Refresh every organization this process holds when the supervisor's
+    bell rings and, with ``poll``, whenever its pointer check is due (the
+    reader's TTL), whether or not a request comes: an idle server must not
+    keep an older generation (after an erasure, a copy of the erased text)
+    in its cache. The bell tells of this supervisor's publishes only; on a
+    local store another process's (``titen mcp``, ``titen rebuild``) is
+    learnt by reading the pointer (every tenth of a second by default)."""
+    seen = reader.bell.value if reader.bell is not None else None
     while True:
         time.sleep(interval)
-        if reader.bell.value != seen:
+        rung = reader.bell is not None and reader.bell.value != seen
+        if rung:
             seen = reader.bell.value
-            _check_held(reader)  # due now: the reader saw the bell too
-
-
-def follow_pointer(reader, interval: float) -> None:
-    """Check every organization this process holds each ``interval``
-    (its reader's TTL), requests or not. A process with no supervisor's
-    bell to follow learns of another process's publish only by reading the
-    pointer, and idle it would keep an older generation (after an erasure,
-    a copy of the erased text) until its next request."""
-    while True:
-        time.sleep(interval)
-        _check_held(reader)
-
-
-def _check_held(reader) -> None:
-    for org_id in reader.loaded():
-        try:
-            reader.check(org_id)
-        except Exception:  # never raises by contract; if it did, keep following
-            logging.getLogger("titen").exception("refreshing %s after a publish failed", org_id)
+        if rung or poll:
+            for org_id in reader.loaded():
+                try:
+                    reader.check(org_id)  # due now when the bell rang: the reader saw it too
+                except Exception:  # never raises by contract; if it did, keep following
+                    logging.getLogger("titen").exception("refreshing %s after a publish failed", org_id)
 
 
 def standalone_service(settings: Settings, **kw):
@@ -134,22 +126,17 @@ def standalone_service(settings: Settings, **kw):
       server start) removes them, where a copy left at the cache root would
       stay until some later process opened a reader there;
     - it follows the pointer from a thread, so an idle process drops an older
-      generation soon after another process publishes: every tenth of a
-      second on a local store, where reading the pointer costs a file read
-      and ``titen serve``'s servers follow their bell as often; every
-      ``TITEN_SNAPSHOT_TTL`` on S3, where it costs a request. Its requests
-      check as often. Its own rebuilds still wait the configured TTL before
-      an erasure they carried out reads complete, for the other readers."""
+      generation soon after another process publishes: every
+      ``TITEN_SNAPSHOT_TTL`` (a tenth of a second by default on a local
+      store, where a read is a file read; core/config.py)."""
     from core.service import Service
 
     cache_dir = hold_server_dir(settings.cache_dir)
     remove_dead_server_dirs(settings.cache_dir)
     atexit.register(release_server_dir, cache_dir)
     service = Service(settings, reader_dir=cache_dir, **kw)
-    if not settings.store_url.startswith("s3://"):
-        service.reader.ttl = min(settings.snapshot_ttl, BELL_CHECK_SECONDS)
-    threading.Thread(target=follow_pointer, args=(service.reader, service.reader.ttl), name="titen-follow",
-                     daemon=True).start()
+    threading.Thread(target=follow, args=(service.reader, max(settings.snapshot_ttl, BELL_CHECK_SECONDS)),
+                     kwargs={"poll": True}, name="titen-follow", daemon=True).start()
     return service
 
 

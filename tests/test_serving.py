@@ -311,6 +311,28 @@ def test_a_first_scheduled_rebuild_is_not_spaced(tmp_path, monkeypatch):
     assert clock.slept == []
 
 
+def test_a_scheduled_rebuild_another_process_beat_twice_is_scheduled_again(tmp_path, monkeypatch, caplog):
+    """The other process's generation may have been listed before the write:
+    the write still needs its own rebuild, and nothing else would ask."""
+    from core.errors import Conflict
+
+    service = Service(_settings(tmp_path), auto_rebuild=True)
+    api = Api(service)
+    key = api.key()
+    build_here, lost = service._build_here, []
+
+    def beaten_once(*args, **kw):
+        if not lost:
+            lost.append(True)
+            raise Conflict("another rebuild of this organization published first; retry")
+        return build_here(*args, **kw)
+
+    monkeypatch.setattr(service, "_build_here", beaten_once)
+    claim_id = api.observe(key, claim=STATEMENT)["claim_id"]  # its scheduled rebuild loses
+    assert _wait(lambda: _compiled_ids(api, key) == [claim_id], 30)  # no other write asked again
+    assert lost and "another process published first; rebuilding again" in caplog.text
+    assert "Traceback" not in caplog.text
+
 # -- the processes of `titen serve` -----------------------------------------------------------
 
 
@@ -392,7 +414,7 @@ def test_an_idle_server_drops_the_older_generation_when_the_bell_rings(supervise
     lose the older generation (after an erasure it holds the erased text)."""
     import threading
 
-    from core.serving import follow_bell
+    from core.serving import follow
 
     api, supervisor, bell = supervised
     key = api.key()
@@ -400,11 +422,70 @@ def test_an_idle_server_drops_the_older_generation_when_the_bell_rings(supervise
     api.rebuild(key)
     reader = api.service.reader
     old = reader.current("acme").path
-    threading.Thread(target=follow_bell, args=(reader, 0.05), daemon=True).start()
+    threading.Thread(target=follow, args=(reader, 0.05), kwargs={"poll": False}, daemon=True).start()
     api.observe(key, claim={**STATEMENT, "statement": "The staging cluster runs Redis 7"})
     assert _wait(lambda: bell.value >= 2, 30)  # the supervisor's timer published
     assert _wait(lambda: not os.path.exists(old), 30)
 
+
+def test_an_idle_server_drops_a_generation_another_process_published_without_a_bell(tmp_path):
+    """``titen mcp`` or ``titen rebuild`` on the same store publishes with no
+    bell this server hears: on a local store it follows the pointer too."""
+    import threading
+
+    from core.serving import follow
+
+    bell = multiprocessing.Value("Q", 0)  # its supervisor's; nobody here rings it
+    server = Api(Service(_settings(tmp_path), reader_dir=str(tmp_path / "server"), bell=bell))
+    key = server.key()
+    server.observe(key, claim=STATEMENT)
+    server.rebuild(key)
+    reader = server.service.reader
+    old = reader.current("acme").path
+    threading.Thread(target=follow, args=(reader, 0.05), kwargs={"poll": True}, daemon=True).start()
+    other = Api(Service(_settings(tmp_path)))  # another process on the store
+    other.observe(key, claim={**STATEMENT, "statement": "The staging cluster runs Redis 7"})
+    published = other.rebuild(key)["generation"]
+    assert _wait(lambda: not os.path.exists(old), 30)
+    assert reader.current("acme").generation == published and bell.value == 0
+
+
+def test_an_erasure_published_with_a_bell_still_waits_for_the_readers_that_cannot_hear_it(tmp_path):
+    """``titen serve``'s supervisor rings its own servers' bell; ``titen mcp``
+    beside it on the store reads the pointer every TTL. No compile begun
+    after the erasure reads complete may answer from the older generation."""
+    import threading
+
+    settings = _settings(tmp_path, TITEN_SNAPSHOT_TTL="1")  # a window a loop of compiles cannot miss
+    publisher = Api(Service(settings))
+    publisher.service.on_publish = lambda: None  # a bell that reaches none of the readers below
+    beside = Api(Service(settings, reader_dir=str(tmp_path / "beside")))
+    key = publisher.key(scopes="context:compile,memory:write,memory:erase,admin")
+    publisher.observe(key, subject_id="user_gone", claim=STATEMENT)
+    publisher.rebuild(key)
+    task = {"subject_id": "user_gone", "task": "which Postgres does staging run", "max_tokens": 1200}
+    assert beside.post("/v1/context/compile", task, key).json()["data"]["items"]
+    answers, done = [], threading.Event()
+
+    def compile_in_a_loop():
+        while not done.is_set():
+            begun = time.monotonic()
+            answers.append((begun, bool(beside.post("/v1/context/compile", task, key).json()["data"]["items"])))
+
+    looping = threading.Thread(target=compile_in_a_loop)
+    looping.start()
+    try:
+        asked = publisher.client.delete("/v1/subjects/user_gone", headers={"authorization": key["authorization"]})
+        publisher.rebuild(key)
+        erasure = publisher.get(f"/v1/erasures/{asked.json()['data']['erasure_id']}", key).json()["data"]
+        complete = time.monotonic()
+        assert erasure["status"] == "complete"
+        time.sleep(0.5)
+    finally:
+        done.set()
+        looping.join()
+    after = [found for begun, found in answers if begun > complete]
+    assert after and not any(after)
 
 def test_a_connection_made_once_listening_is_printed_is_answered_not_refused(tmp_path):
     # the workers listen only once started, about a second after the message:

@@ -120,10 +120,11 @@ class SnapshotBuilder:
         self.store = store
         # called the moment a generation is published, before an erasure it
         # carried out is marked complete (``titen serve`` rings its servers'
-        # bell here); without it, readers learn of a generation only at their
-        # next pointer check, so an erasure is marked complete no sooner than
-        # ``readers_ttl`` seconds after the publish: by then every reader that
-        # answers a request has checked (docs/architecture.md §9)
+        # bell here); the bell reaches only this process's servers, and other
+        # readers learn of a generation at their next pointer check, so an
+        # erasure is marked complete no sooner than ``readers_ttl`` seconds
+        # after the publish either way: by then every reader that answers a
+        # request has checked (docs/architecture.md §9)
         self.after_publish = after_publish
         self.readers_ttl = readers_ttl
         self.reader_cache_dir = reader_cache_dir  # where dead servers' generations may lie (workfiles)
@@ -267,10 +268,9 @@ class SnapshotBuilder:
         removed = workfiles.drain(self.work_dir, self.org_id, generation, own=own, progress=self.progress)
         if removed:
             self.progress(f"{self.org_id}: removed {removed} work files left by a build that did not finish")
-        if self.after_publish is not None:
-            if since is None:  # a generation another process published: no bell rang for it
-                self.after_publish()
-        elif self.readers_ttl > 0:
+        if self.after_publish is not None and since is None:
+            self.after_publish()  # a generation another process published: no bell rang for it
+        if self.readers_ttl > 0:
             if since is not None:
                 left = self.readers_ttl - (time.monotonic() - since)
             else:
