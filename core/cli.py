@@ -63,7 +63,7 @@ def serve_log_format(flag: str | None, settings: Settings, stderr=sys.stderr) ->
 def cmd_serve(args) -> int:
     import dataclasses
 
-    from core.service import Service
+    from core.service import RETRY_FIRST_SECONDS, Service
     from core.serving import bind, serve
 
     settings = _settings(args)
@@ -79,8 +79,23 @@ def cmd_serve(args) -> int:
         return 1
     # this process builds (at start, then for every server: core.serving) and serves nothing
     service = Service(settings, auto_rebuild=True, serves=False)
-    for org_id in service.ledger.organizations():
-        result = service.rebuild(org_id, progress=stderr_progress)
+    # A store failing at start (S3 throttling, a disk error) must not keep
+    # every organization from being served: each is reported, served from
+    # what is published, and its rebuild tried again (core.service)
+    try:
+        orgs = service.ledger.organizations()
+    except StoreError as exc:
+        print(f"titen: listing the organizations failed ({exc}); serving anyway: each organization's "
+              "generation loads at its first request", file=sys.stderr)
+        orgs = []
+    for org_id in orgs:
+        try:
+            result = service.rebuild(org_id, progress=stderr_progress)
+        except (StoreError, TitenError) as exc:
+            print(f"{org_id}: the rebuild at start failed ({exc}); serving what is published, and "
+                  f"trying again in {RETRY_FIRST_SECONDS:g} s", file=sys.stderr)
+            service.schedule_rebuild(org_id, delay=RETRY_FIRST_SECONDS, write=False)
+            continue
         for note in result.notes:
             print(f"{org_id}: {note}", file=sys.stderr)
         snapshot, reason = service.reader.check(org_id)  # verified here as a server will

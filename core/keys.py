@@ -10,6 +10,7 @@ revoked key keeps working.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -78,9 +79,18 @@ class KeyRing:
         record = {"key_id": key_id, "org_id": org_id, "principal_id": principal_id,
                   "scopes": sorted(set(scopes)), "workspaces": sorted(set(workspaces)),
                   "created_at": canonical(now_utc()), "revoked_at": None}
-        self.store.put_if_absent(f"keys/{digest}.json", json.dumps(record).encode())
-        self.store.put_if_absent(f"keys/by-id/{key_id}.json", json.dumps({"key_hash": digest}).encode())
+        # The record is what makes the key work, so it is written last: a
+        # store failing part-way leaves no working key behind that its
+        # creator never saw and an operator could not revoke by id.
         Ledger(self.store).register_organization(org_id)
+        pointer = f"keys/by-id/{key_id}.json"
+        self.store.put_if_absent(pointer, json.dumps({"key_hash": digest}).encode())
+        try:
+            self.store.put_if_absent(f"keys/{digest}.json", json.dumps(record).encode())
+        except Exception:
+            with contextlib.suppress(Exception):  # a pointer left to no record names no key (revoke)
+                self.store.delete(pointer)
+            raise
         return {"key_id": key_id, "api_key": api_key, "org_id": org_id, "principal_id": principal_id}
 
     def listing(self, org_id: str) -> list[dict]:
@@ -114,7 +124,10 @@ class KeyRing:
             raise NotFound(f"no key {key_id}") from None
         key = f"keys/{pointer['key_hash']}.json"
         for _ in range(5):
-            obj = self.store.get(key)
+            try:
+                obj = self.store.get(key)
+            except ObjectNotFound:  # its creation failed before the record was written
+                raise NotFound(f"no key {key_id}") from None
             record = json.loads(obj.body)
             if record.get("revoked_at"):
                 return record

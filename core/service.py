@@ -34,6 +34,11 @@ from core.writes.feedback import FeedbackDesk
 from core.writes.idempotency import Idempotency, Outcome
 
 AUTO_REBUILD_DELAY = 0.25
+# A scheduled rebuild that failed (the store down, a damaged entry) is tried
+# again after 1, 2, 4 … seconds, at most a minute apart: its writes were
+# acknowledged, and on a local host no schedule would ever catch them up.
+RETRY_FIRST_SECONDS = 1.0
+RETRY_MAX_SECONDS = 60.0
 # how long POST /v1/admin/rebuild on Lambda waits for the rebuild function:
 # under the API function's 29 s timeout, so a longer rebuild is the 503
 # envelope rather than API Gateway's own 5xx (the rebuild goes on and publishes)
@@ -110,6 +115,7 @@ class Service:
         self._rebuild_locks: dict[str, threading.RLock] = {}
         self._pending: set[str] = set()  # organizations with a scheduled rebuild not yet begun
         self._last_rebuild: dict[str, tuple[float, float]] = {}  # org -> (ended, seconds), monotonic
+        self._failed_rebuilds: dict[str, int] = {}  # org -> scheduled rebuilds failed in a row
         self._guard = threading.Lock()
         # titen serve's supervisor replaces both with counters in shared
         # memory (core.serving): ``begun`` moves each time a scheduled
@@ -264,7 +270,7 @@ class Service:
                     raise Conflict("another rebuild of this organization published first; retry") from None
         return result
 
-    def schedule_rebuild(self, org_id: str) -> int:
+    def schedule_rebuild(self, org_id: str, *, delay: float = AUTO_REBUILD_DELAY, write: bool = True) -> int:
         """A rebuild of the organization ``AUTO_REBUILD_DELAY`` after a write.
         At most one waits per organization: a write while one is pending is
         folded into it (that rebuild lists the ledger after the write was
@@ -276,14 +282,16 @@ class Service:
         Returns the count of scheduled rebuilds begun so far (``begun``,
         read with the pending set): until that count moves, the rebuild
         pending now has not listed the ledger, so a write stored meanwhile
-        needs no request of its own (``core.rebuild.host.RebuildClient``)."""
+        needs no request of its own (``core.rebuild.host.RebuildClient``).
+        ``write`` False: a retry, which is no write of its own."""
         with self._guard:
-            self.written.value += 1
+            if write:
+                self.written.value += 1
             begun = self.begun.current() if self.begun is not None else 0
             if org_id in self._pending:
                 return begun
             self._pending.add(org_id)
-            timer = threading.Timer(AUTO_REBUILD_DELAY, self._run_scheduled, args=(org_id,))
+            timer = threading.Timer(delay, self._run_scheduled, args=(org_id,))
             timer.daemon = True
         timer.start()
         return begun
@@ -302,7 +310,7 @@ class Service:
                     self.begun.increment()
                 except OSError:  # unmoved, servers would skip this org's writes: pending again
                     logging.getLogger("titen").exception("moving the rebuilds-begun count failed")
-                    self.schedule_rebuild(org_id)
+                    self.schedule_rebuild(org_id, write=False)
                     return
             started = time.monotonic()
             try:
@@ -314,9 +322,17 @@ class Service:
                 # a rebuild of its own. Expected, so one line, no traceback.
                 logging.getLogger("titen").warning("in-process rebuild of %s: another process published "
                                                    "first; rebuilding again", org_id)
-                self.schedule_rebuild(org_id)
-            except Exception:  # the next write or an explicit rebuild tries again
-                logging.getLogger("titen").exception("in-process rebuild of %s failed", org_id)
+                self.schedule_rebuild(org_id, write=False)
+            except Exception:
+                with self._guard:
+                    failed = self._failed_rebuilds[org_id] = self._failed_rebuilds.get(org_id, 0) + 1
+                delay = min(RETRY_MAX_SECONDS, RETRY_FIRST_SECONDS * 2 ** (failed - 1))
+                logging.getLogger("titen").exception("in-process rebuild of %s failed; trying again in %g s",
+                                                     org_id, delay)
+                self.schedule_rebuild(org_id, delay=delay, write=False)
+            else:
+                with self._guard:
+                    self._failed_rebuilds.pop(org_id, None)
             with self._guard:
                 self._last_rebuild[org_id] = (time.monotonic(), time.monotonic() - started)
 

@@ -59,6 +59,7 @@ class ServerApp:
         from core.api.app import create_app
         from core.rebuild.host import RebuildClient
         from core.service import Service
+        from core.storage import StoreError
 
         threading.Thread(target=_end_with, args=(os.getppid(),), name="titen-supervisor-watch",
                          daemon=True).start()
@@ -72,7 +73,13 @@ class ServerApp:
         service = Service(settings, rebuilds=rebuilds, bell=self.bell)
         if service.vectors is not None:
             service.vectors.warm()
-        for org_id in service.ledger.organizations()[:settings.max_orgs]:
+        try:
+            held = service.ledger.organizations()[:settings.max_orgs]
+        except StoreError:  # the store failing now: each organization loads at its first request
+            logging.getLogger("titen").warning("listing the organizations failed; none loaded before requests",
+                                               exc_info=True)
+            held = []
+        for org_id in held:
             service.reader.check(org_id)  # fetched and verified before the first request, as at start
         threading.Thread(target=follow, args=(service.reader,), kwargs={"poll": settings.local_store},
                          name="titen-bell", daemon=True).start()

@@ -345,6 +345,37 @@ def test_serve_makes_a_write_compile_visible_within_about_a_second(tmp_path, cap
         server.wait(timeout=10)
 
 
+def test_serve_starts_and_serves_when_an_organizations_rebuild_at_start_fails(tmp_path, capsys):
+    # one organization's damaged entry (or a store failing at start) used to stop the whole server
+    _, out, _ = run(capsys, "keys", "create", "--org", "acme", "--principal", "rama", "--json",
+                    "--data-dir", str(tmp_path), "--scopes", "context:compile,memory:write")
+    key = json.loads(out)["api_key"]
+    run(capsys, "keys", "create", "--org", "globex", "--principal", "rama", "--data-dir", str(tmp_path),
+        "--scopes", "context:compile")
+    entry = tmp_path / "orgs" / "acme" / "ledger" / "01a2510f95a07000a000000000000000.json"
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    entry.write_bytes(b"{not json")
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "core.cli", "serve", "--port", str(port),
+                               "--data-dir", str(tmp_path)], stderr=subprocess.PIPE, stdout=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        up = False
+        for _ in range(150):
+            try:
+                up = _http("GET", base + "/healthz")[0] == 200
+                break
+            except OSError:
+                time.sleep(0.1)
+        assert up, server.stderr.read1().decode() if server.poll() is not None else "not listening"
+        status, body = _http("POST", base + "/v1/context/compile",
+                             {"subject_id": "user_rama", "task": "deploy", "max_tokens": 1200}, key)
+        assert status == 200 and body["data"]["items"] == []  # nothing was ever published for acme
+    finally:
+        server.terminate()
+        _, err = server.communicate(timeout=10)
+    assert b"acme: the rebuild at start failed" in err and b"serving globex generation 1" in err
+
 class _Terminal:
     def __init__(self, tty):
         self.tty = tty

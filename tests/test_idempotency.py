@@ -340,6 +340,9 @@ def test_a_write_killed_between_its_record_and_its_entry_completes_on_retry(api,
         assert len(api.ledger_keys()) == before  # ... and nothing half-written is stored
     retry = api.post(path, body, keyed(key, "k"))
     assert retry.status_code in (200, 201), retry.text
+    # nothing had been answered before; a transition's first attempt had already moved the
+    # claim's head, which any later writer of the claim completes, so its retry reads as a replay
+    assert retry.json()["meta"]["idempotent_replay"] is (name in ("revoke", "supersede"))
     assert len(api.ledger_keys()) == before + 1
     again = api.post(path, body, keyed(key, "k"))
     assert again.json()["data"] == retry.json()["data"] and again.json()["meta"]["idempotent_replay"] is True

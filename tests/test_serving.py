@@ -333,6 +333,30 @@ def test_a_scheduled_rebuild_another_process_beat_twice_is_scheduled_again(tmp_p
     assert lost and "another process published first; rebuilding again" in caplog.text
     assert "Traceback" not in caplog.text
 
+def test_a_scheduled_rebuild_that_failed_is_tried_again_without_another_write(tmp_path, monkeypatch, caplog):
+    """The store failed during the rebuild a write asked for: the write was
+    acknowledged, and on a local host no schedule would catch it up."""
+    import core.service
+    from core.storage import StoreError
+
+    monkeypatch.setattr(core.service, "RETRY_FIRST_SECONDS", 0.05)
+    service = Service(_settings(tmp_path), auto_rebuild=True)
+    api = Api(service)
+    key = api.key()
+    build_here, failed = service._build_here, []
+
+    def store_down_twice(*args, **kw):
+        if len(failed) < 2:
+            failed.append(True)
+            raise StoreError("S3 PutObject failed: SlowDown (HTTP 503)")
+        return build_here(*args, **kw)
+
+    monkeypatch.setattr(service, "_build_here", store_down_twice)
+    claim_id = api.observe(key, claim=STATEMENT)["claim_id"]
+    assert _wait(lambda: _compiled_ids(api, key) == [claim_id], 30)
+    assert len(failed) == 2 and "trying again in 0.05 s" in caplog.text and "trying again in 0.1 s" in caplog.text
+    assert service._failed_rebuilds == {}
+
 # -- the processes of `titen serve` -----------------------------------------------------------
 
 
