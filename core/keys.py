@@ -87,10 +87,21 @@ class KeyRing:
         self.store.put_if_absent(pointer, json.dumps({"key_hash": digest}).encode())
         try:
             self.store.put_if_absent(f"keys/{digest}.json", json.dumps(record).encode())
-        except Exception:
-            with contextlib.suppress(Exception):  # a pointer left to no record names no key (revoke)
-                self.store.delete(pointer)
-            raise
+        except Exception as failure:
+            # The record may have landed with every answer lost: then the key
+            # exists and is handed out. The pointer goes only when the record
+            # is known absent (a pointer to no record names no key); unknown,
+            # it stays, so a record that did land can still be revoked by id.
+            try:
+                landed = json.loads(self.store.get(f"keys/{digest}.json").body).get("key_id") == key_id
+            except ObjectNotFound:
+                with contextlib.suppress(Exception):
+                    self.store.delete(pointer)
+                raise failure from None
+            except Exception:
+                raise failure from None
+            if not landed:
+                raise
         return {"key_id": key_id, "api_key": api_key, "org_id": org_id, "principal_id": principal_id}
 
     def listing(self, org_id: str) -> list[dict]:

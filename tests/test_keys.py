@@ -32,3 +32,20 @@ def test_revoking_a_pointer_left_without_its_record_says_no_key(store):
     store.put_if_absent("keys/by-id/key_" + "1" * 32 + ".json", b'{"key_hash": "' + b"0" * 64 + b'"}')
     with pytest.raises(NotFound, match="no key key_1"):
         KeyRing(store).revoke("key_" + "1" * 32)
+
+
+def test_a_key_whose_record_landed_with_its_answer_lost_is_created_and_revocable(store, monkeypatch):
+    ring = KeyRing(store)
+    put = store.put_if_absent
+
+    def answer_lost(key, body):
+        etag = put(key, body)
+        if key.startswith("keys/") and not key.startswith("keys/by-id/"):
+            raise StoreError("S3 PutObject failed: connection closed before the answer")
+        return etag
+
+    monkeypatch.setattr(store, "put_if_absent", answer_lost)
+    created = ring.create("acme", "rama", ["admin"], [])
+    monkeypatch.undo()
+    assert ring.authenticate("Bearer " + created["api_key"]).principal_id == "rama"
+    assert ring.revoke(created["key_id"])["revoked_at"]
