@@ -63,7 +63,7 @@ def serve_log_format(flag: str | None, settings: Settings, stderr=sys.stderr) ->
 def cmd_serve(args) -> int:
     import dataclasses
 
-    from core.service import RETRY_FIRST_SECONDS, Service
+    from core.service import Service
     from core.serving import bind, serve
 
     settings = _settings(args)
@@ -84,17 +84,19 @@ def cmd_serve(args) -> int:
     # what is published, and its rebuild tried again (core.service)
     try:
         orgs = service.ledger.organizations()
-    except StoreError as exc:
-        print(f"titen: listing the organizations failed ({exc}); serving anyway: each organization's "
-              "generation loads at its first request", file=sys.stderr)
+    except Exception as exc:
+        print(f"titen: listing the organizations failed ({exc}); serving anyway (each organization's "
+              "generation loads at its first request) and rebuilding them once the listing succeeds",
+              file=sys.stderr)
+        service.rebuild_all_later()
         orgs = []
     for org_id in orgs:
         try:
             result = service.rebuild(org_id, progress=stderr_progress)
-        except (StoreError, TitenError) as exc:
+        except Exception as exc:
+            delay = service.retry_rebuild(org_id)
             print(f"{org_id}: the rebuild at start failed ({exc}); serving what is published, and "
-                  f"trying again in {RETRY_FIRST_SECONDS:g} s", file=sys.stderr)
-            service.schedule_rebuild(org_id, delay=RETRY_FIRST_SECONDS, write=False)
+                  f"trying again in {delay:g} s", file=sys.stderr)
             continue
         for note in result.notes:
             print(f"{org_id}: {note}", file=sys.stderr)

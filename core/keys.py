@@ -10,7 +10,6 @@ revoked key keeps working.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import re
@@ -81,23 +80,16 @@ class KeyRing:
                   "created_at": canonical(now_utc()), "revoked_at": None}
         # The record is what makes the key work, so it is written last: a
         # store failing part-way leaves no working key behind that its
-        # creator never saw and an operator could not revoke by id.
+        # creator never saw and an operator could not revoke by id. A
+        # pointer left to no record names no key (``revoke``, ``listing``).
         Ledger(self.store).register_organization(org_id)
-        pointer = f"keys/by-id/{key_id}.json"
-        self.store.put_if_absent(pointer, json.dumps({"key_hash": digest}).encode())
+        self.store.put_if_absent(f"keys/by-id/{key_id}.json", json.dumps({"key_hash": digest}).encode())
         try:
             self.store.put_if_absent(f"keys/{digest}.json", json.dumps(record).encode())
         except Exception as failure:
-            # The record may have landed with every answer lost: then the key
-            # exists and is handed out. The pointer goes only when the record
-            # is known absent (a pointer to no record names no key); unknown,
-            # it stays, so a record that did land can still be revoked by id.
+            # it may have landed with every answer lost: then it is made
             try:
                 landed = json.loads(self.store.get(f"keys/{digest}.json").body).get("key_id") == key_id
-            except ObjectNotFound:
-                with contextlib.suppress(Exception):
-                    self.store.delete(pointer)
-                raise failure from None
             except Exception:
                 raise failure from None
             if not landed:

@@ -43,6 +43,14 @@ RETRY_MAX_SECONDS = 60.0
 # under the API function's 29 s timeout, so a longer rebuild is the 503
 # envelope rather than API Gateway's own 5xx (the rebuild goes on and publishes)
 REMOTE_REBUILD_WAIT_SECONDS = 25.0
+
+
+def retry_delay(failed: int) -> float:
+    """Seconds before the next try after ``failed`` failures in a row: 1, 2,
+    4 … at most a minute (the exponent capped, so it never overflows)."""
+    return min(RETRY_MAX_SECONDS, RETRY_FIRST_SECONDS * 2 ** min(failed - 1, 16))
+
+
 LOAD_SPACING = 3  # while writes keep coming, at most a quarter of the time rebuilding
 QUIET_SECONDS = 0.05  # no write for this long: the writes paused
 
@@ -184,6 +192,8 @@ class Service:
             # serving it showed the published generation damaged (e.g. a build
             # that started from this machine's intact kept copy): repair now
             return self.rebuild(org_id, force=force, progress=progress)
+        with self._guard:
+            self._failed_rebuilds.pop(org_id, None)  # the backoff starts afresh at the next failure
         return dataclasses.replace(result, notes=note + result.notes)
 
     def preload(self) -> None:
@@ -320,21 +330,41 @@ class Service:
                 # titen serve) published twice meanwhile; what it built may
                 # have been listed before this write, so the write still needs
                 # a rebuild of its own. Expected, so one line, no traceback.
+                delay = self.retry_rebuild(org_id)
                 logging.getLogger("titen").warning("in-process rebuild of %s: another process published "
-                                                   "first; rebuilding again", org_id)
-                self.schedule_rebuild(org_id, write=False)
+                                                   "first; rebuilding again in %g s", org_id, delay)
             except Exception:
-                with self._guard:
-                    failed = self._failed_rebuilds[org_id] = self._failed_rebuilds.get(org_id, 0) + 1
-                delay = min(RETRY_MAX_SECONDS, RETRY_FIRST_SECONDS * 2 ** (failed - 1))
+                delay = self.retry_rebuild(org_id)
                 logging.getLogger("titen").exception("in-process rebuild of %s failed; trying again in %g s",
                                                      org_id, delay)
-                self.schedule_rebuild(org_id, delay=delay, write=False)
-            else:
-                with self._guard:
-                    self._failed_rebuilds.pop(org_id, None)
             with self._guard:
                 self._last_rebuild[org_id] = (time.monotonic(), time.monotonic() - started)
+
+    def retry_rebuild(self, org_id: str) -> float:
+        """Schedule the organization's rebuild again after one that failed
+        (its writes were acknowledged, and on a local host no schedule would
+        catch them up): ``retry_delay`` after each failure in a row, until a
+        rebuild succeeds. Returns the delay."""
+        with self._guard:
+            failed = self._failed_rebuilds[org_id] = self._failed_rebuilds.get(org_id, 0) + 1
+        delay = retry_delay(failed)
+        self.schedule_rebuild(org_id, delay=delay, write=False)
+        return delay
+
+    def rebuild_all_later(self, failed: int = 0) -> None:
+        """Schedule every organization's rebuild, when listing them failed
+        (at start); a listing that fails again is retried on the same backoff."""
+        try:
+            orgs = self.ledger.organizations()
+        except Exception:
+            delay = retry_delay(failed + 1)
+            logging.getLogger("titen").exception("listing the organizations failed; trying again in %g s", delay)
+            timer = threading.Timer(delay, self.rebuild_all_later, kwargs={"failed": failed + 1})
+            timer.daemon = True
+            timer.start()
+            return
+        for org_id in orgs:
+            self.schedule_rebuild(org_id, write=False)
 
     def _space_under_load(self, org_id: str) -> None:
         """Wait, while writes keep coming, until ``LOAD_SPACING`` times the

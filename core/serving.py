@@ -101,26 +101,27 @@ def _end_with(supervisor: int) -> None:
 BELL_CHECK_SECONDS = 0.1
 
 
-def follow(reader, interval: float = BELL_CHECK_SECONDS, *, poll: bool) -> None:
+def follow(reader, interval: float = BELL_CHECK_SECONDS, *, poll: bool,
+           stop: threading.Event | None = None) -> None:
     """Refresh every organization this process holds when the supervisor's
     bell rings and, with ``poll``, whenever its pointer check is due (the
     reader's TTL), whether or not a request comes: an idle server must not
     keep an older generation (after an erasure, a copy of the erased text)
     in its cache. The bell tells of this supervisor's publishes only; on a
     local store another process's (``titen mcp``, ``titen rebuild``) is
-    learnt by reading the pointer (every tenth of a second by default)."""
+    learnt by reading the pointer (every tenth of a second by default).
+    ``stop``: ends it when set (a server's follower runs for its life)."""
+    stop = stop or threading.Event()
     seen = reader.bell.value if reader.bell is not None else None
-    while True:
-        time.sleep(interval)
+    while not stop.wait(interval):
         rung = reader.bell is not None and reader.bell.value != seen
         if rung:
             seen = reader.bell.value
         if rung or poll:
-            for org_id in reader.loaded():
-                try:
-                    reader.check(org_id)  # due now when the bell rang: the reader saw it too
-                except Exception:  # never raises by contract; if it did, keep following
-                    logging.getLogger("titen").exception("refreshing %s after a publish failed", org_id)
+            try:
+                reader.check_held()  # due now when the bell rang: the reader saw it too
+            except Exception:  # never raises by contract; if it did, keep following
+                logging.getLogger("titen").exception("refreshing the generations held failed")
 
 
 def standalone_service(settings: Settings, **kw):

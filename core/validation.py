@@ -129,13 +129,18 @@ class RoundedToWhole(float):
 
 def _parse_float(literal: str) -> float:
     value = float(literal)
-    # only a float that came out whole can have lost a fraction; Decimal
-    # reads the literal exactly (to_integral_value takes any exponent)
-    if value.is_integer():
+    # Only a float that came out whole can have lost a fraction, and not one
+    # of at most 16 characters without an exponent: that has at most 15
+    # significant digits, which a float keeps. Decimal reads the rest exactly.
+    if not value.is_integer() or (len(literal) <= 16 and "e" not in literal and "E" not in literal):
+        return value
+    try:
         exact = Decimal(literal)
-        if exact != exact.to_integral_value():
-            return RoundedToWhole(value)
-    return value
+        whole = exact == exact.to_integral_value()
+    except ArithmeticError:  # an exponent past Decimal's reach (0e99999999999999999999)
+        raise ValidationError(f"request body holds the number {echo(literal)!r}, whose exponent is out of "
+                              "range") from None
+    return value if whole else RoundedToWhole(value)
 
 
 def _object(pairs: list[tuple[str, Any]]) -> dict:

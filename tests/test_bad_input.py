@@ -310,7 +310,8 @@ def test_a_whole_number_written_with_a_fraction_is_an_integer(api):
     assert r.status_code == 200 and r.json()["data"]["version"] == 2
 
 
-@pytest.mark.parametrize("literal", [b"127.99999999999999999", b"1200.0000000000000001", b"12.000000000000000001e2"])
+@pytest.mark.parametrize("literal", [b"127.99999999999999999", b"1200.0000000000000001", b"12.000000000000000001e2",
+                                     b"1e-400"])
 def test_a_fraction_a_float_would_round_away_is_still_not_an_integer(api, literal):
     # a 64-bit float reads each of these as a whole number; the caller sent a fraction
     key = api.key()
@@ -320,6 +321,15 @@ def test_a_fraction_a_float_would_round_away_is_still_not_an_integer(api, litera
     assert r.status_code == 400, r.text
     assert r.json()["error"]["message"] == "max_tokens must be an integer"
     assert api.ledger_keys() == before
+
+
+@pytest.mark.parametrize("literal", [b"0e99999999999999999999", b"1e-99999999999999999999"])
+def test_a_number_whose_exponent_is_past_reach_is_a_400_not_a_500(api, literal):
+    key = api.key()
+    raw = b'{"subject_id": "user_rama", "task": "deploy", "max_tokens": ' + literal + b"}"
+    r = api.post("/v1/context/compile", raw, key)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == f"request body holds the number {literal.decode()!r}, whose exponent is out of range"
 
 
 LONG = "y" * 3000

@@ -373,7 +373,11 @@ def test_serve_starts_and_serves_when_an_organizations_rebuild_at_start_fails(tm
         assert status == 200 and body["data"]["items"] == []  # nothing was ever published for acme
     finally:
         server.terminate()
-        _, err = server.communicate(timeout=10)
+        try:
+            _, err = server.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            _, err = server.communicate()
     assert b"acme: the rebuild at start failed" in err and b"serving globex generation 1" in err
 
 class _Terminal:

@@ -25,7 +25,10 @@ def test_a_key_the_store_failed_to_create_is_neither_listed_nor_half_there(store
         ring.create("acme", "rama", ["admin"], [])
     monkeypatch.undo()
     assert ring.listing("acme") == []
-    assert list(store.list_keys("keys/")) == []
+    assert [k for k in store.list_keys("keys/") if not k.startswith("keys/by-id/")] == []  # no record
+    for pointer in store.list_keys("keys/by-id/"):  # one left names no key
+        with pytest.raises(NotFound):
+            ring.revoke(pointer[len("keys/by-id/"):-len(".json")])
 
 
 def test_revoking_a_pointer_left_without_its_record_says_no_key(store):

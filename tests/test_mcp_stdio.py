@@ -191,7 +191,14 @@ class _EmbeddedMcp:
         return json.loads(self.proc.stdout.readline())["result"]
 
     def copies_holding(self, text: str) -> list[str]:
-        return [p.name for p in self.held.glob("*.sqlite*") if text.encode() in p.read_bytes()]
+        found = []
+        for path in self.held.glob("*.sqlite*"):
+            try:
+                if text.encode() in path.read_bytes():
+                    found.append(path.name)
+            except FileNotFoundError:  # swapped out between the listing and the read
+                pass
+        return found
 
     def close(self):
         self.proc.stdin.close()

@@ -355,7 +355,34 @@ def test_a_scheduled_rebuild_that_failed_is_tried_again_without_another_write(tm
     claim_id = api.observe(key, claim=STATEMENT)["claim_id"]
     assert _wait(lambda: _compiled_ids(api, key) == [claim_id], 30)
     assert len(failed) == 2 and "trying again in 0.05 s" in caplog.text and "trying again in 0.1 s" in caplog.text
-    assert service._failed_rebuilds == {}
+
+@pytest.mark.parametrize("failed, seconds", [(1, 1.0), (2, 2.0), (3, 4.0), (6, 32.0), (7, 60.0), (5000, 60.0)])
+def test_a_failed_rebuild_is_tried_again_after_a_backoff_capped_at_a_minute(failed, seconds):
+    from core.service import retry_delay
+
+    assert retry_delay(failed) == seconds  # 5000 failures in a row (three days) never overflow
+
+
+def test_organizations_that_could_not_be_listed_at_start_are_rebuilt_once_they_can_be(tmp_path, monkeypatch):
+    import core.service
+    from core.storage import StoreError
+
+    monkeypatch.setattr(core.service, "RETRY_FIRST_SECONDS", 0.05)
+    writer = Api(Service(_settings(tmp_path)))
+    key = writer.key()
+    claim_id = writer.observe(key, claim=STATEMENT)["claim_id"]  # acknowledged, never rebuilt
+    service = Service(_settings(tmp_path), auto_rebuild=True)
+    listing, failed = service.ledger.organizations, []
+
+    def store_down_once():
+        if not failed:
+            failed.append(True)
+            raise StoreError("S3 ListObjectsV2 failed: SlowDown (HTTP 503)")
+        return listing()
+
+    monkeypatch.setattr(service.ledger, "organizations", store_down_once)
+    service.rebuild_all_later()
+    assert _wait(lambda: _compiled_ids(Api(service), key) == [claim_id], 30) and failed
 
 # -- the processes of `titen serve` -----------------------------------------------------------
 
@@ -446,10 +473,14 @@ def test_an_idle_server_drops_the_older_generation_when_the_bell_rings(supervise
     api.rebuild(key)
     reader = api.service.reader
     old = reader.current("acme").path
-    threading.Thread(target=follow, args=(reader, 0.05), kwargs={"poll": False}, daemon=True).start()
-    api.observe(key, claim={**STATEMENT, "statement": "The staging cluster runs Redis 7"})
-    assert _wait(lambda: bell.value >= 2, 30)  # the supervisor's timer published
-    assert _wait(lambda: not os.path.exists(old), 30)
+    stop = threading.Event()
+    threading.Thread(target=follow, args=(reader, 0.05), kwargs={"poll": False, "stop": stop}, daemon=True).start()
+    try:
+        api.observe(key, claim={**STATEMENT, "statement": "The staging cluster runs Redis 7"})
+        assert _wait(lambda: bell.value >= 2, 30)  # the supervisor's timer published
+        assert _wait(lambda: not os.path.exists(old), 30)
+    finally:
+        stop.set()
 
 
 def test_an_idle_server_drops_a_generation_another_process_published_without_a_bell(tmp_path):
@@ -466,12 +497,16 @@ def test_an_idle_server_drops_a_generation_another_process_published_without_a_b
     server.rebuild(key)
     reader = server.service.reader
     old = reader.current("acme").path
-    threading.Thread(target=follow, args=(reader, 0.05), kwargs={"poll": True}, daemon=True).start()
-    other = Api(Service(_settings(tmp_path)))  # another process on the store
-    other.observe(key, claim={**STATEMENT, "statement": "The staging cluster runs Redis 7"})
-    published = other.rebuild(key)["generation"]
-    assert _wait(lambda: not os.path.exists(old), 30)
-    assert reader.current("acme").generation == published and bell.value == 0
+    stop = threading.Event()
+    threading.Thread(target=follow, args=(reader, 0.05), kwargs={"poll": True, "stop": stop}, daemon=True).start()
+    try:
+        other = Api(Service(_settings(tmp_path)))  # another process on the store
+        other.observe(key, claim={**STATEMENT, "statement": "The staging cluster runs Redis 7"})
+        published = other.rebuild(key)["generation"]
+        assert _wait(lambda: not os.path.exists(old), 30)
+        assert reader.current("acme").generation == published and bell.value == 0
+    finally:
+        stop.set()
 
 
 def test_an_erasure_published_with_a_bell_still_waits_for_the_readers_that_cannot_hear_it(tmp_path):
@@ -504,7 +539,7 @@ def test_an_erasure_published_with_a_bell_still_waits_for_the_readers_that_canno
         erasure = publisher.get(f"/v1/erasures/{asked.json()['data']['erasure_id']}", key).json()["data"]
         complete = time.monotonic()
         assert erasure["status"] == "complete"
-        time.sleep(0.5)
+        assert _wait(lambda: sum(begun > complete for begun, _ in answers) >= 5, 30)
     finally:
         done.set()
         looping.join()

@@ -491,6 +491,16 @@ class SnapshotReader:
         rebuild should then build from the ledger rather than on it."""
         return self._state(org_id).refusal
 
+    def check_held(self) -> None:
+        """``check`` every organization still held: a follower's pass, which
+        must not bring back one evicted meanwhile (``check`` makes the state
+        of an organization it does not hold, and evicts another for it)."""
+        for org_id in self.loaded():
+            with self._lock:
+                held = org_id in self._orgs
+            if held:
+                self.check(org_id)
+
     def loaded(self) -> list[str]:
         with self._lock:
             return list(self._orgs)
