@@ -1,6 +1,7 @@
 """`titen serve`'s processes (core/serving.py, core/rebuild/host.py): a
 supervisor that builds, server processes that answer, a bell between them."""
 
+import contextlib
 import json
 import logging
 import multiprocessing
@@ -460,36 +461,39 @@ def test_the_server_processes_end_when_the_supervisor_is_killed(tmp_path):
         assert _wait(lambda: not any(_alive(pid) for pid in servers), 30)
 
 
-def test_an_idle_server_drops_the_older_generation_when_the_bell_rings(supervised):
-    """No request reaches the server after the rebuild: its cache must still
-    lose the older generation (after an erasure it holds the erased text)."""
+@contextlib.contextmanager
+def _following(reader, *, poll: bool):
+    """A server's follower thread (core.serving.follow) for the block's length."""
     import threading
 
     from core.serving import follow
 
+    stop = threading.Event()
+    threading.Thread(target=follow, args=(reader, 0.05), kwargs={"poll": poll, "stop": stop}, daemon=True).start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
+def test_an_idle_server_drops_the_older_generation_when_the_bell_rings(supervised):
+    """No request reaches the server after the rebuild: its cache must still
+    lose the older generation (after an erasure it holds the erased text)."""
     api, supervisor, bell = supervised
     key = api.key()
     api.observe(key, claim=STATEMENT)
     api.rebuild(key)
     reader = api.service.reader
     old = reader.current("acme").path
-    stop = threading.Event()
-    threading.Thread(target=follow, args=(reader, 0.05), kwargs={"poll": False, "stop": stop}, daemon=True).start()
-    try:
+    with _following(reader, poll=False):
         api.observe(key, claim={**STATEMENT, "statement": "The staging cluster runs Redis 7"})
         assert _wait(lambda: bell.value >= 2, 30)  # the supervisor's timer published
         assert _wait(lambda: not os.path.exists(old), 30)
-    finally:
-        stop.set()
 
 
 def test_an_idle_server_drops_a_generation_another_process_published_without_a_bell(tmp_path):
     """``titen mcp`` or ``titen rebuild`` on the same store publishes with no
     bell this server hears: on a local store it follows the pointer too."""
-    import threading
-
-    from core.serving import follow
-
     bell = multiprocessing.Value("Q", 0)  # its supervisor's; nobody here rings it
     server = Api(Service(_settings(tmp_path), reader_dir=str(tmp_path / "server"), bell=bell))
     key = server.key()
@@ -497,16 +501,12 @@ def test_an_idle_server_drops_a_generation_another_process_published_without_a_b
     server.rebuild(key)
     reader = server.service.reader
     old = reader.current("acme").path
-    stop = threading.Event()
-    threading.Thread(target=follow, args=(reader, 0.05), kwargs={"poll": True, "stop": stop}, daemon=True).start()
-    try:
+    with _following(reader, poll=True):
         other = Api(Service(_settings(tmp_path)))  # another process on the store
         other.observe(key, claim={**STATEMENT, "statement": "The staging cluster runs Redis 7"})
         published = other.rebuild(key)["generation"]
         assert _wait(lambda: not os.path.exists(old), 30)
         assert reader.current("acme").generation == published and bell.value == 0
-    finally:
-        stop.set()
 
 
 def test_an_erasure_published_with_a_bell_still_waits_for_the_readers_that_cannot_hear_it(tmp_path):
