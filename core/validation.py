@@ -129,6 +129,9 @@ class RoundedToWhole(float):
 
 def _parse_float(literal: str) -> float:
     value = float(literal)
+    if math.isinf(value):  # a finite JSON number past a float's range (1e400): no field takes one
+        raise ValidationError(f"request body holds the number {echo(literal)!r}, beyond the range of a "
+                              "64-bit float")
     # Only a float that came out whole can have lost a fraction, and not one
     # of at most 16 characters without an exponent: that has at most 15
     # significant digits, which a float keeps. Decimal reads the rest exactly.

@@ -323,13 +323,16 @@ def test_a_fraction_a_float_would_round_away_is_still_not_an_integer(api, litera
     assert api.ledger_keys() == before
 
 
-@pytest.mark.parametrize("literal", [b"0e99999999999999999999", b"1e-99999999999999999999"])
-def test_a_number_whose_exponent_is_past_reach_is_a_400_not_a_500(api, literal):
+@pytest.mark.parametrize("literal, why", [(b"0e99999999999999999999", "whose exponent is out of range"),
+                                          (b"1e-99999999999999999999", "whose exponent is out of range"),
+                                          (b"1e400", "beyond the range of a 64-bit float"),
+                                          (b"-2e308", "beyond the range of a 64-bit float")])
+def test_a_number_no_float_can_hold_is_a_400_saying_so(api, literal, why):
     key = api.key()
     raw = b'{"subject_id": "user_rama", "task": "deploy", "max_tokens": ' + literal + b"}"
     r = api.post("/v1/context/compile", raw, key)
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["message"] == f"request body holds the number {literal.decode()!r}, whose exponent is out of range"
+    assert r.json()["error"]["message"] == f"request body holds the number {literal.decode()!r}, {why}"
 
 
 LONG = "y" * 3000
