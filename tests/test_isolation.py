@@ -118,6 +118,13 @@ def test_readyz_counts_only_the_claims_the_key_may_read(api, world, reader):
     assert ready["claim_count"] == len(READERS[reader])
 
 
+@pytest.mark.parametrize("reader", ["alice", "bob"])
+def test_admin_rebuild_counts_only_the_claims_the_key_may_read(api, world, reader):
+    # bob holds admin too: running the organization's rebuild does not widen
+    # what he reads, so alice's private and team claims stay out of his count
+    assert api.rebuild(world[reader])["claim_count"] == len(READERS[reader])
+
+
 def test_readyz_without_a_key_counts_no_one_s_claims(api, world):
     api.get("/readyz", world["alice"])  # acme loaded in this process
     ready = api.get("/readyz").json()["data"]

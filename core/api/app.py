@@ -174,9 +174,18 @@ def create_app(service: Service) -> Starlette:
     def admin_rebuild(request, principal, body):
         principal.require("admin")
         result = service.rebuild(principal.org_id)
+        # as on /readyz, a count of records is the caller's own: admin runs
+        # the organization's rebuilds but does not widen what its key reads
+        # (another principal's private claims stay out of the count)
+        served, reason = service.reader.check(principal.org_id)
+        try:
+            claim_count = None if reason else _readable_claims(served, principal)
+        except DAMAGE_ERRORS as exc:  # refetched and verified by the next request, as everywhere
+            service.snapshot_damaged(principal.org_id, exc)
+            claim_count = None
         return 200, {"generation": result.generation, "published": result.published,
                      "entries_applied": result.entries_applied, "content_hash": result.content_hash,
-                     "claim_count": result.claim_count, "snapshot_bytes": result.snapshot_bytes,
+                     "claim_count": claim_count, "snapshot_bytes": result.snapshot_bytes,
                      "seconds": round(result.seconds, 3), "notes": list(result.notes)}, {}
 
     fixed = frozenset({"/v1/context/compile", *(path for path in (route.split(" ", 1)[1] for route in WRITE_ROUTES)

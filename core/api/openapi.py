@@ -115,7 +115,10 @@ SCHEMAS: dict[str, Any] = {
                     ("erasure_id", "target", "target_sha256", "status", "requested_at", "completed_at",
                      "counts")),
     "Rebuilt": _obj({"generation": INT, "published": _s("boolean"), "entries_applied": INT, "content_hash": STR,
-                     "claim_count": INT, "snapshot_bytes": INT, "seconds": NUM, "notes": _s("array", items=STR)}),
+                     "claim_count": _s(["integer", "null"],
+                                       description="claims the key may read in the generation now served; null "
+                                                   "if this process cannot serve it"),
+                     "snapshot_bytes": INT, "seconds": NUM, "notes": _s("array", items=STR)}),
     "Ready": _obj({"status": _s("string", enum=["ready", "not_ready"]), "generation": INT,
                    "generation_age_seconds": _s(["number", "null"]),
                    "claim_count": _s(["integer", "null"],
