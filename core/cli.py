@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import shutil
 import sys
 
 from core.config import Settings
@@ -192,11 +194,28 @@ def cmd_demo(args) -> int:
     print(f"demo organization '{DEMO_ORG}': {written} new writes, generation {result.generation}, "
           f"{result.claim_count} claims")
     print(f"API key (org {DEMO_ORG}, all scopes): {created['api_key']}  (key_id {created['key_id']}: "
-          f"titen keys revoke {created['key_id']})")
+          f"{_this_command(args)} keys revoke {created['key_id']}{_where_flag(args)})")
     print(f"try:\n  curl -s localhost:{args.port}/v1/context/compile -H 'authorization: Bearer "
           f"{created['api_key']}' -H 'content-type: application/json' \\\n"
           f"    -d '{{\"subject_id\":\"{DEMO_SUBJECT}\",\"task\":\"can we deploy on friday\",\"max_tokens\":1200}}'")
     return 0
+
+
+def _this_command(args) -> str:
+    """How to run titen again from here, for a printed hint that works when
+    pasted: ``make run`` starts ``.venv/bin/titen``, which is not on PATH."""
+    program = sys.argv[0] if os.path.basename(sys.argv[0]) == "titen" else ""
+    if not program or shutil.which("titen") == os.path.abspath(program):
+        return "titen"
+    relative = os.path.relpath(program)
+    return shlex.quote(relative if not relative.startswith("..") else os.path.abspath(program))
+
+
+def _where_flag(args) -> str:
+    """The store flag this command was given, for a printed hint."""
+    if args.store:
+        return f" --store {shlex.quote(args.store)}"
+    return f" --data-dir {shlex.quote(args.data_dir)}" if args.data_dir else ""
 
 
 def cmd_snapshots_list(args) -> int:
