@@ -363,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     keys = sub.add_parser("keys", help="create, list or revoke API keys").add_subparsers(dest="keys_command",
                                                                                      required=True)
-    p = keys.add_parser("create", parents=[common])
+    p = keys.add_parser("create", parents=[common], help="create a key and print it (the only time it is shown)")
     p.add_argument("--org", required=True, type=org_id, help="the organization the key belongs to")
     p.add_argument("--principal", required=True, help="who the key acts as (owner of its private records)")
     p.add_argument("--scopes", required=True, help="comma list of context:compile, context:feedback, "
@@ -374,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = keys.add_parser("list", parents=[common], help="one JSON line per key of an organization (never the key)")
     p.add_argument("--org", required=True, type=org_id)
     p.set_defaults(run=cmd_keys_list)
-    p = keys.add_parser("revoke", parents=[common])
+    p = keys.add_parser("revoke", parents=[common], help="revoke a key by its key_id (effective within seconds)")
     p.add_argument("key_id")
     p.set_defaults(run=cmd_keys_revoke)
 
