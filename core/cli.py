@@ -14,6 +14,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import sys
 
 from core.config import Settings
@@ -131,7 +132,21 @@ def cmd_mcp(args) -> int:
         if org_id in service.ledger.organizations():
             service.rebuild(org_id)
         answer = mcp_stdio.embedded(service, api_key)
+        # a host stops its server by closing stdin, then by SIGTERM: either
+        # way the rebuilds its writes and erasures asked for run first
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        try:
+            return mcp_stdio.run(answer, sys.stdin.buffer, sys.stdout.buffer)
+        finally:
+            for org_id, exc in service.finish_scheduled_rebuilds():
+                print(f"titen mcp: the rebuild of {org_id} at exit failed ({exc}); the next rebuild "
+                      "applies its writes (titen rebuild, or a titen serve on this store at its next ledger check)", file=sys.stderr)
     return mcp_stdio.run(answer, sys.stdin.buffer, sys.stdout.buffer)
+
+
+def _exit_on_sigterm(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise SystemExit(0)
 
 
 def cmd_rebuild(args) -> int:

@@ -351,6 +351,49 @@ class Service:
         self.schedule_rebuild(org_id, delay=delay, write=False)
         return delay
 
+    def finish_scheduled_rebuilds(self) -> list[tuple[str, Exception]]:
+        """Run now every rebuild scheduled and not yet begun, and wait for
+        one running. A process that ends (``titen mcp`` at the end of its
+        input, or stopped) must not take its writes' rebuild with it: on a
+        local store nothing else would apply them until another write of
+        the organization, and an erasure would stay pending with its text
+        served. Returns the organizations whose rebuild failed, and why."""
+        with self._guard:
+            orgs = sorted(set(self._pending) | set(self._rebuild_locks))
+        failed = []
+        for org_id in orgs:
+            with self._rebuild_lock(org_id):  # behind one running
+                with self._guard:
+                    due = org_id in self._pending
+                    self._pending.discard(org_id)
+                if not due:
+                    continue
+                try:
+                    self.rebuild(org_id)
+                except Exception as exc:
+                    failed.append((org_id, exc))
+        return failed
+
+    def catch_up(self) -> list[str]:
+        """Schedule the rebuild of every organization whose ledger holds an
+        entry its published generation lacks (``core.rebuild.backlog``: a
+        pointer read and a listing after its watermark, no snapshot): the
+        safety net of a long-lived process, as the schedule is on Lambda,
+        for writes whose own rebuild never ran (a ``titen mcp`` killed
+        right after a write, ``titen import`` without ``--rebuild``).
+        Returns the organizations scheduled."""
+        from core.rebuild.backlog import backlog
+
+        scheduled = []
+        for org_id in self.ledger.organizations():
+            with self._guard:
+                if org_id in self._pending:
+                    continue
+            if backlog(self.store, org_id, skew_seconds=self.settings.skew_seconds).due:
+                self.schedule_rebuild(org_id, write=False)
+                scheduled.append(org_id)
+        return scheduled
+
     def rebuild_all_later(self, failed: int = 0) -> None:
         """Schedule every organization's rebuild, when listing them failed
         (at start); a listing that fails again is retried on the same backoff."""

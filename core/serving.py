@@ -124,6 +124,36 @@ def follow(reader, interval: float = BELL_CHECK_SECONDS, *, poll: bool,
                 logging.getLogger("titen").exception("refreshing the generations held failed")
 
 
+CATCH_UP_SECONDS = 15
+CATCH_UP_SHARE = 20  # a pass never takes more than a twentieth of the time
+
+
+def catch_up(service, interval: float = CATCH_UP_SECONDS, *, stop: threading.Event | None = None) -> None:
+    """The supervisor's safety net, as the schedule is on Lambda: every
+    ``interval`` seconds, rebuild each organization whose ledger holds an
+    entry its published generation lacks (``Service.catch_up``). A write
+    asks for its own rebuild; this catches the writes whose rebuild never
+    ran, because the process that stored them ended first (a ``titen mcp``
+    killed right after a write or an erasure), or because none was asked
+    for (``titen import`` without ``--rebuild``). A local ledger is listed
+    by walking its directory, so a pass over a large one is spaced by
+    ``CATCH_UP_SHARE`` times its own duration."""
+    stop = stop or threading.Event()
+    wait = interval
+    while not stop.wait(wait):
+        started = time.monotonic()
+        try:
+            scheduled = service.catch_up()
+        except Exception as exc:  # the store: tried again at the next pass
+            logging.getLogger("titen").warning("checking the ledgers for entries no generation holds failed: %s",
+                                               exc)
+        else:
+            for org_id in scheduled:
+                logging.getLogger("titen").info("%s: the ledger holds entries no generation holds; rebuilding",
+                                                org_id)
+        wait = max(interval, CATCH_UP_SHARE * (time.monotonic() - started))
+
+
 def standalone_service(settings: Settings, **kw):
     """A Service for a process that serves on its own beside whatever else
     uses the store (``titen mcp`` on the embedded store, perhaps beside
@@ -218,6 +248,7 @@ def serve(service, sock: socket.socket, *, host: str, workers: int, log_level: s
     shared = supervise(service)
     address, authkey = host_rebuilds(service)
     remove_dead_server_dirs(service.settings.cache_dir)
+    threading.Thread(target=catch_up, args=(service,), name="titen-catch-up", daemon=True).start()
     port = sock.getsockname()[1]
     config = uvicorn.Config(ServerApp(service.settings, address, authkey, shared.bell, shared.begun,
                                       shared.written), factory=True, host=host,

@@ -10,12 +10,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import anyio
+import pytest
 from mcp import Client, StdioServerParameters
 
 from core.config import Settings
@@ -251,3 +253,49 @@ def test_an_idle_embedded_process_drops_the_generation_an_erasure_came_after(api
     finally:
         mcp.close()
     assert not mcp.held.exists()  # a process that ends removes its directory
+
+
+def _pointer(data_dir: Path, org: str = "acme") -> dict:
+    return json.loads((data_dir / "orgs" / org / "snapshots" / "current.json").read_text())
+
+
+def _one_shot_forget(api) -> tuple[str, _EmbeddedMcp]:
+    """A subject with the marker, published; then a ``titen mcp`` asked to
+    forget it, its answer read and nothing more: a one-shot agent host."""
+    key = api.key(scopes="context:compile,memory:write,memory:erase,admin")
+    api.observe(key, subject_id="user_gone", content=MARKER,
+                claim={"statement": MARKER, "kind": "semantic_fact", "confidence": 0.9})
+    api.rebuild(key)
+    mcp = _EmbeddedMcp(Path(api.service.settings.store_url[len("file://"):]), key["authorization"][7:])
+    erasure_id = mcp.call("titen_forget", {"subject_id": "user_gone"})["structuredContent"]["erasure_id"]
+    return erasure_id, mcp
+
+
+@pytest.mark.parametrize("ending", ["end of input", "SIGTERM"])
+def test_an_embedded_process_that_ends_right_after_a_forget_carries_it_out_first(api, ending):
+    # a host closes stdin (or stops the server) once answered: the rebuild
+    # the erasure asked for died with the process, the erasure stayed
+    # pending and titen serve kept serving the erased text
+    erasure_id, mcp = _one_shot_forget(api)
+    if ending == "SIGTERM":
+        mcp.proc.send_signal(signal.SIGTERM)
+        assert mcp.proc.wait(timeout=60) == 0
+    else:
+        mcp.close()
+    key = api.key(scopes="memory:erase")
+    assert api.get(f"/v1/erasures/{erasure_id}", key).json()["data"]["status"] == "complete"
+    api.service.reader.check_held()  # this test's own reader follows no pointer (a server's thread does)
+    assert _files_holding(Path(api.service.settings.store_url[len("file://"):]), MARKER) == []
+
+
+def test_an_embedded_process_that_ends_right_after_a_write_publishes_it_first(api):
+    data_dir = Path(api.service.settings.store_url[len("file://"):])
+    key = api.key(scopes="context:compile,memory:write,admin")
+    api.rebuild(key)
+    before = _pointer(data_dir)["generation"]
+    mcp = _EmbeddedMcp(data_dir, key["authorization"][7:])
+    written = mcp.call("titen_remember", remember_args("user_rama"))
+    mcp.close()
+    pointer = _pointer(data_dir)
+    assert pointer["generation"] > before and pointer["claim_count"] == 1
+    assert written["structuredContent"]["claim_id"] is not None

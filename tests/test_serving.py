@@ -385,6 +385,54 @@ def test_organizations_that_could_not_be_listed_at_start_are_rebuilt_once_they_c
     service.rebuild_all_later()
     assert _wait(lambda: _compiled_ids(Api(service), key) == [claim_id], 30) and failed
 
+def test_catch_up_schedules_only_the_organizations_whose_ledger_is_ahead_of_their_generation(tmp_path):
+    supervisor = Service(_settings(tmp_path), auto_rebuild=True, serves=False)
+    writer = Api(Service(_settings(tmp_path)))  # another process: it asks this supervisor for nothing
+    acme, globex = writer.key(), writer.key(org="globex")
+    for key in (acme, globex):
+        writer.observe(key, claim=STATEMENT)
+        writer.rebuild(key)
+    writer.observe(acme, claim={**STATEMENT, "statement": "The staging cluster runs Redis 7"})
+    assert supervisor.catch_up() == ["acme"]
+    assert supervisor.catch_up() == []  # pending already: not asked twice
+    assert supervisor.finish_scheduled_rebuilds() == []
+    assert supervisor.catch_up() == []
+    fresh = Api(Service(_settings(tmp_path)))  # what is published now
+    assert len(_compiled_ids(fresh, acme, "staging cluster")) == 2
+
+
+def test_the_supervisor_catches_up_a_write_whose_own_rebuild_never_ran(tmp_path):
+    """A ``titen mcp`` killed right after a write, or ``titen import``
+    without ``--rebuild``: nothing asks for the rebuild, the safety net
+    does (core.serving.catch_up)."""
+    import threading
+
+    from core.serving import catch_up
+
+    supervisor = Service(_settings(tmp_path), auto_rebuild=True, serves=False)
+    writer = Api(Service(_settings(tmp_path)))
+    key = writer.key()
+    writer.rebuild(key)
+    claim_id = writer.observe(key, claim=STATEMENT)["claim_id"]  # acknowledged, its rebuild never asked
+    stop = threading.Event()
+    threading.Thread(target=catch_up, args=(supervisor, 0.05), kwargs={"stop": stop}, daemon=True).start()
+    try:
+        assert _wait(lambda: _compiled_ids(writer, key) == [claim_id], 30)
+    finally:
+        stop.set()
+
+
+def test_a_process_ending_runs_the_rebuild_it_scheduled_and_did_not_begin(tmp_path):
+    service = Service(_settings(tmp_path), auto_rebuild=True)
+    api = Api(service)
+    key = api.key()
+    api.rebuild(key)
+    claim_id = api.observe(key, claim=STATEMENT)["claim_id"]  # its rebuild waits on a timer
+    assert service.finish_scheduled_rebuilds() == []
+    reader = Api(Service(_settings(tmp_path)))  # a fresh process: what is published
+    assert _compiled_ids(reader, key) == [claim_id]
+
+
 # -- the processes of `titen serve` -----------------------------------------------------------
 
 
