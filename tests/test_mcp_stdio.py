@@ -124,7 +124,7 @@ def test_the_relay_never_answers_a_notification_even_when_the_server_is_unreacha
     answers = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [a.get("id") for a in answers] == [3]
     assert answers[0]["error"]["data"]["code"] == "UNAVAILABLE"
-    assert b"notification was not delivered" in proc.stderr
+    assert b"takes no answer was not delivered" in proc.stderr
 
 
 def test_the_relay_answers_a_refused_message_under_its_own_id(served):
@@ -143,6 +143,47 @@ def test_the_relay_answers_a_refused_message_under_its_own_id(served):
         answers = [json.loads(line) for line in proc.stdout.splitlines()]
         assert [a["id"] for a in answers] == [5, "big"]
         assert [(a.get("error") or {}).get("data", {}).get("code") for a in answers] == codes
+
+
+def _deep(levels: int, pad: int = 0) -> bytes:
+    """A ping whose params nest ``levels`` deep (deeper than Python's parser
+    recurses past about 1000), padded to ``pad`` bytes."""
+    inner = b"[" * levels + b"]" * levels
+    return b'{"jsonrpc": "2.0", "id": 4, "method": "ping", "params": {"p": "' + b"x" * pad + b'", "d": ' \
+        + inner + b"}}\n"
+
+
+def test_the_embedded_server_answers_a_message_over_1_mib_too_deep_to_parse_and_goes_on(tmp_path):
+    # re-read for its id, it raised RecursionError and titen mcp died
+    service = Service(Settings.from_env(data_dir=str(tmp_path / "d")))
+    key = service.keys.create("acme", "alice", ["context:compile"], [])["api_key"]
+    proc = _embedded(tmp_path, key, _deep(600_000) + b'{"jsonrpc": "2.0", "id": 9, "method": "ping"}\n')
+    assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr
+    answers = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [a.get("id") for a in answers] == [None, 9]
+    assert answers[0]["error"]["data"]["code"] == "PAYLOAD_TOO_LARGE" and answers[1]["result"] == {}
+
+
+def test_the_relay_answers_a_message_too_deep_to_parse_with_a_parse_error_and_goes_on(served):
+    url, keys = served
+    proc = subprocess.run([TITEN, "mcp", "--url", url], input=_deep(1500) + b'{"jsonrpc": "2.0", "id": 9, '
+                          b'"method": "ping"}\n', capture_output=True, timeout=60,
+                          env={**os.environ, "TITEN_API_KEY": keys["compile"]})
+    assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr
+    answers = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [a.get("id") for a in answers] == [None, 9]
+    assert answers[0]["error"]["code"] == -32700 and answers[1]["result"] == {}
+
+
+@pytest.mark.parametrize("url", ["served", "http://127.0.0.1:9"])
+def test_the_relay_never_answers_a_response(served, url):
+    # JSON-RPC 2.0: a response is never answered; with a bad key or no
+    # server the relay answered it with an error under its id
+    lines = b'{"jsonrpc": "2.0", "id": 5, "result": {}}\n{"jsonrpc": "2.0", "id": 6, "error": ' \
+            b'{"code": 1, "message": "m"}}\n{"jsonrpc": "2.0", "id": 7, "method": "ping"}\n'
+    proc = subprocess.run([TITEN, "mcp", "--url", served[0] if url == "served" else url], input=lines,
+                          capture_output=True, timeout=60, env={**os.environ, "TITEN_API_KEY": "titen_sk_" + "x" * 43})
+    assert [json.loads(line)["id"] for line in proc.stdout.splitlines()] == [7]
 
 
 def test_stdio_answers_an_id_in_ill_formed_unicode_under_a_null_id_and_goes_on(tmp_path):

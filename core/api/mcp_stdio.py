@@ -61,7 +61,7 @@ def embedded(service, api_key: str) -> Answer:
                 # the client can match the answer (a null id left it waiting)
                 try:
                     message = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):  # deeper than the parser goes: no id to read
                     pass
             error = rpc_error(message_id(message), SERVER_ERROR, exc.message, {"code": exc.code})
         except Exception as exc:  # the store, or a bug: say so on stderr, answer an error
@@ -80,6 +80,8 @@ def bridged(url: str, api_key: str | None, timeout: float = 60.0) -> Answer:
             message = json.loads(line)
         except ValueError:
             return rpc_error(None, PARSE_ERROR, "not valid JSON")
+        except RecursionError:  # the server refuses it unread as well, under a null id
+            return rpc_error(None, PARSE_ERROR, f"request body nests deeper than {MESSAGE_DEPTH} levels")
         raw = line.strip()
         try:
             # refused here, as the server would: a server answers 413 while
@@ -125,10 +127,15 @@ def _failed(message, reason: str) -> dict | None:
     lost and said so on stderr."""
     if _expects_answer(message):
         return rpc_error(message_id(message), SERVER_ERROR, reason, {"code": "UNAVAILABLE"})
-    print(f"titen mcp: a notification was not delivered: {reason}", file=sys.stderr)
+    print(f"titen mcp: a message that takes no answer was not delivered: {reason}", file=sys.stderr)
     return None
 
 
 def _expects_answer(message) -> bool:
-    """Everything but a notification (or a response) gets an answer, errors included."""
-    return not (isinstance(message, dict) and "id" not in message)
+    """Everything but a notification or a response (JSON-RPC 2.0 §5: a
+    response is never answered) gets an answer, errors included."""
+    if not isinstance(message, dict):
+        return True
+    if "id" not in message:
+        return False  # a notification
+    return not ("method" not in message and ("result" in message or "error" in message))
