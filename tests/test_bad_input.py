@@ -258,6 +258,18 @@ def test_a_path_with_a_slash_too_many_is_an_unknown_route_in_the_envelope(api, m
     assert r.headers["cache-control"] == "no-store"
 
 
+@pytest.mark.parametrize("method, path, status", [
+    ("POST", "/v1/context/compile%0A", 405),  # the path of a stored pack named "compile\n": GET only
+    ("GET", "/healthz%0A", 404), ("POST", "/mcp%0A", 404), ("GET", "/openapi.json%0A", 404)])
+def test_a_path_with_a_line_feed_after_a_route_is_not_that_route(api, method, path, status):
+    # Python's $ matches before a final line feed: the compile ran
+    key = api.key(scopes=ALL_SCOPES_WITH_ERASE)
+    r = api.client.request(method, path, headers=api._headers(key), json={"subject_id": "user_rama", "task": "t",
+                                                                         "max_tokens": 500})
+    assert r.status_code == status and "data" not in r.json(), r.text
+    assert api.ledger_keys() == []  # no context run recorded
+
+
 @pytest.mark.parametrize("method, path", [
     ("GET", "/v1/claims/{}/evidence"), ("GET", "/v1/context/{}"), ("POST", "/v1/context/{}/feedback"),
     ("DELETE", "/v1/observations/{}"), ("GET", "/v1/erasures/{}"), ("POST", "/v1/claims/{}/revoke"),

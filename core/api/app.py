@@ -6,6 +6,7 @@ body and maps its failures is ``core.api.endpoint``.
 
 from __future__ import annotations
 
+import re
 import sys
 
 from starlette.applications import Starlette
@@ -28,7 +29,19 @@ from core.snapshot.reader import DAMAGE_ERRORS, Snapshot
 from core.writes.idempotency import HEADER as IDEMPOTENCY_HEADER, parse_key as parse_idempotency_key
 
 
-class IdRoute(Route):
+class ExactRoute(Route):
+    """A route whose path must match to its last character. Starlette ends
+    its path pattern with ``$``, which in Python also matches before a final
+    line feed, so ``/v1/context/compile%0A`` ran the compile; an unknown
+    path is 404 (docs/api.md §1)."""
+
+    def __init__(self, path: str, endpoint, *, methods: list[str]):
+        super().__init__(path, endpoint, methods=methods)
+        pattern = self.path_regex.pattern
+        self.path_regex = re.compile((pattern[:-1] if pattern.endswith("$") else pattern) + r"\Z")
+
+
+class IdRoute(ExactRoute):
     """A route with an id in its path that leaves alone the fixed paths
     other routes own: ``GET /v1/context/compile`` is the compile route's
     405 (``Allow: POST``), not a stored pack named ``compile`` that is not
@@ -191,18 +204,18 @@ def create_app(service: Service) -> Starlette:
     fixed = frozenset({"/v1/context/compile", *(path for path in (route.split(" ", 1)[1] for route in WRITE_ROUTES)
                                                  if "{" not in path)})
     routes = [
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/readyz", readyz, methods=["GET"]),
-        *(Route(route.split(" ", 1)[1], write(route), methods=["POST"]) for route in WRITE_ROUTES),
-        Route("/v1/claims/{claim_id}/evidence", evidence, methods=["GET"]),
-        Route("/v1/context/compile", compile_context, methods=["POST"]),
+        ExactRoute("/healthz", healthz, methods=["GET"]),
+        ExactRoute("/readyz", readyz, methods=["GET"]),
+        *(ExactRoute(route.split(" ", 1)[1], write(route), methods=["POST"]) for route in WRITE_ROUTES),
+        ExactRoute("/v1/claims/{claim_id}/evidence", evidence, methods=["GET"]),
+        ExactRoute("/v1/context/compile", compile_context, methods=["POST"]),
         IdRoute("/v1/context/{context_id}", stored_context, methods=["GET"], fixed=fixed),
-        Route("/v1/admin/rebuild", admin_rebuild, methods=["POST"]),
-        Route("/v1/subjects/{subject_id}", erase_subject, methods=["DELETE"]),
+        ExactRoute("/v1/admin/rebuild", admin_rebuild, methods=["POST"]),
+        ExactRoute("/v1/subjects/{subject_id}", erase_subject, methods=["DELETE"]),
         IdRoute("/v1/observations/{observation_id}", erase_observation, methods=["DELETE"], fixed=fixed),
-        Route("/v1/erasures/{erasure_id}", erasure_status, methods=["GET"]),
-        Route("/mcp", mcp_endpoint(service), methods=["POST"]),
-        Route("/openapi.json", openapi_json, methods=["GET"]),
+        ExactRoute("/v1/erasures/{erasure_id}", erasure_status, methods=["GET"]),
+        ExactRoute("/mcp", mcp_endpoint(service), methods=["POST"]),
+        ExactRoute("/openapi.json", openapi_json, methods=["GET"]),
     ]
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
