@@ -189,8 +189,13 @@ def test_readyz_not_ready_raises_unavailable_carrying_the_report(served, tmp_pat
     raw = bytearray(snapshot.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     snapshot.write_bytes(bytes(raw))
-    with pytest.raises(TitenUnavailable) as caught:
-        Titen(url, key, retries=1, backoff=0.01).readyz()
+    r = Relay(url, [])
+    try:
+        with pytest.raises(TitenUnavailable) as caught:
+            Titen(r.url, key, backoff=0.01).readyz()
+    finally:
+        r.close()
+    assert len(r.seen) == 1  # a report is an answer, for a probe to read at once, not retried
     assert caught.value.status == 503 and caught.value.data["status"] == "not_ready"
     assert caught.value.message == caught.value.data["reason"] and "sha256" in caught.value.message
 
@@ -206,9 +211,10 @@ def test_a_wrong_key_raises_unauthenticated(served):
 
 class Relay:
     """Between the client and the server: ``plan`` says, per attempt, "503"
-    or "500" (answer it here), "gateway 503" (answer as API Gateway does, with
-    its own body), "cut" (pass it on, then close without answering) or
-    "pass"; ``seen`` keeps every attempt's method, path and headers."""
+    or "500" (answer it here), "gateway 503" (or 502, 504: answer as API
+    Gateway does, with its own body), "redirect URL" (a 302 there), "cut"
+    (pass it on, then close without answering) or "pass"; ``seen`` keeps
+    every attempt's method, path and headers."""
 
     def __init__(self, upstream: str, plan: list[str]):
         self.upstream, self.plan, self.seen = upstream, list(plan), []
@@ -222,9 +228,15 @@ class Relay:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 relay.seen.append((self.command, self.path, dict(self.headers)))
                 step = relay.plan.pop(0) if relay.plan else "pass"
-                if step == "gateway 503":
+                if step.startswith("redirect "):
+                    self.send_response(302)
+                    self.send_header("location", step.split(" ", 1)[1])
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
+                if step.startswith("gateway "):
                     raw = b'{"message":"Service Unavailable"}'
-                    self.send_response(503)
+                    self.send_response(int(step.split(" ", 1)[1]))
                     self.send_header("content-type", "application/json")
                     self.send_header("content-length", str(len(raw)))
                     self.end_headers()
@@ -413,3 +425,75 @@ def test_the_client_imports_without_the_servers_dependencies():
                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_redirect_is_an_error_and_the_key_never_goes_where_it_points(served, relay, store):
+    # urllib followed it: the key went to the other host, and the write became a GET
+    url, keys, _ = served
+    elsewhere = relay([])
+    r = relay([f"redirect {elsewhere.url}/stolen"])
+    before = _ledger(store)
+    with pytest.raises(TitenError) as caught:
+        Titen(r.url, keys["all"], backoff=0.01).observe(**OBSERVATION)
+    assert caught.value.code == "REDIRECT" and caught.value.status == 302
+    assert elsewhere.seen == [] and len(r.seen) == 1 and _ledger(store) == before
+
+
+@pytest.mark.parametrize("status", [502, 504])
+def test_a_gateways_502_or_504_on_a_write_is_retried_and_stored_once(served, relay, store, status):
+    url, keys, _ = served
+    r = relay([f"gateway {status}"])
+    before = _ledger(store)
+    written = Titen(r.url, keys["all"], backoff=0.01).observe(**OBSERVATION)
+    assert written["observation_id"].startswith("obs_") and len(r.seen) == 2
+    assert len(_ledger(store)) == len(before) + 1
+
+
+def test_a_write_whose_outcome_stayed_unknown_can_be_sent_again_with_the_key_the_error_carries(served, relay,
+                                                                                                store):
+    url, keys, _ = served
+    r = relay(["cut", "cut"])  # stored on the first attempt, the answer lost twice
+    before = _ledger(store)
+    with pytest.raises(TitenUnavailable) as caught:
+        Titen(r.url, keys["all"], retries=1, backoff=0.01).observe(**OBSERVATION)
+    assert caught.value.idempotency_key == r.seen[0][2]["Idempotency-Key"]
+    later = Titen(url, keys["all"])
+    later.observe(**OBSERVATION, idempotency_key=caught.value.idempotency_key)
+    assert later.last_meta["idempotent_replay"] is True
+    assert len(_ledger(store)) == len(before) + 1
+
+
+@pytest.mark.parametrize("key", ["ключ", "a\r\nb", "a b", "x" * 256])
+def test_an_idempotency_key_the_header_cannot_carry_is_refused_before_sending(served, relay, key):
+    url, keys, _ = served
+    r = relay([])
+    with pytest.raises(TitenError) as caught:
+        Titen(r.url, keys["all"]).observe(**OBSERVATION, idempotency_key=key)
+    assert caught.value.code == "VALIDATION_ERROR" and caught.value.status is None and r.seen == []
+
+
+def test_text_utf8_cannot_carry_reaches_the_server_and_gets_its_400(served):
+    url, keys, _ = served
+    with pytest.raises(TitenError) as caught:
+        Titen(url, keys["all"]).observe(**{**OBSERVATION, "content": "lone \ud800 surrogate"})
+    assert caught.value.code == "VALIDATION_ERROR" and caught.value.status == 400
+
+
+def test_a_batch_item_that_is_not_an_object_is_that_items_error(served):
+    url, keys, _ = served
+    results = Titen(url, keys["all"]).observe_batch([OBSERVATION, "not an object"])["results"]
+    assert "data" in results[0] and results[1]["error"]["code"] == "VALIDATION_ERROR"
+
+
+def test_last_meta_never_holds_an_earlier_calls_meta(served):
+    url, keys, _ = served
+    titen = Titen(url, keys["all"])
+    titen.readyz()
+    assert titen.last_meta["request_id"].startswith("req_")
+    titen.openapi()
+    assert titen.last_meta == {}
+    titen.readyz()
+    titen.url, titen.retries = "http://127.0.0.1:9", 0  # nothing listens: no answer, so no meta
+    with pytest.raises(TitenUnavailable):
+        titen.healthz()
+    assert titen.last_meta == {}

@@ -20,10 +20,12 @@ Every method returns the route's ``data``; ``last_meta`` holds the ``meta``
 of the latest answer. A failure raises ``TitenError`` with the envelope's
 ``code``, ``message``, HTTP ``status`` and ``request_id``. A 503 or a
 connection failure is retried with exponential backoff (``retries``
-times), and so is a 500 on a write. Every write sends an
+times), and so are a gateway's 502 and 504 and, on a write, a 500; a
+redirect is never followed (``REDIRECT``). Every write sends an
 ``Idempotency-Key``, generated once per call and reused by its retries, so
 a write whose answer was lost is stored once (the server replays the first
-answer; docs/api.md, writes you can retry). The two erasure calls are not
+answer; docs/api.md, writes you can retry); if every retry fails, the
+error's ``idempotency_key`` sends the same write again later, stored once. The two erasure calls are not
 writes of that kind (their routes take no key): a retried one whose first
 answer was lost asks for a second erasure, with an id of its own.
 """
@@ -56,19 +58,48 @@ class TitenError(Exception):
     """
 
     def __init__(self, code: str, message: str, status: int | None = None, request_id: str | None = None,
-                 data: JSON | None = None):
+                 data: JSON | None = None, idempotency_key: str | None = None):
         super().__init__(f"{code}: {message}" + (f" [{request_id}]" if request_id else ""))
         self.code = code
         self.message = message
         self.status = status
         self.request_id = request_id
         self.data = data
+        # a write's key: its outcome may be unknown (TitenUnavailable, INTERNAL);
+        # the same call again with idempotency_key=exc.idempotency_key stores it once
+        self.idempotency_key = idempotency_key
 
 
 class TitenUnavailable(TitenError):
-    """503 or a connection failure that outlasted every retry. From ``readyz``,
-    ``data`` is the not-ready report (``status``, ``reason``, …) and
-    ``message`` its ``reason``."""
+    """503 (or a gateway's 502 or 504) or a connection failure that outlasted
+    every retry. From ``readyz``, ``data`` is the not-ready report
+    (``status``, ``reason``, …) and ``message`` its ``reason``."""
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """The API never redirects. Following one would send the key to
+    wherever it points and turn a write into a GET, so a redirect is an
+    answer of its own (``TitenError`` ``REDIRECT``)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None  # urllib then raises the 3xx as an HTTPError
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+# what a gateway answers when the function behind it failed or timed out:
+# the outcome is unknown, as after a lost connection
+_GATEWAY_STATUSES = (502, 503, 504)
+
+
+def _visible_ascii(text: str) -> bool:
+    return all("!" <= c <= "~" for c in text)
+
+
+def _object(value: Any) -> Any:
+    """A mapping as a dict; anything else as it is, for the server to
+    refuse in its own words (a batch item that is not an object is that
+    item's error, the others are stored)."""
+    return dict(value) if isinstance(value, Mapping) else value
 
 
 def _drop_none(fields: Mapping[str, Any]) -> JSON:
@@ -103,40 +134,70 @@ class Titen:
         >>> titen.request("GET", "/readyz")["generation"]
         3
         """
-        headers = {"accept": "application/json", "user-agent": self.user_agent}
-        if self.api_key:
-            headers["authorization"] = f"Bearer {self.api_key}"
+        self.last_meta = {}  # never the meta of an earlier call
+        key = (idempotency_key or f"titen-py-{uuid.uuid4().hex}") if write else None
+        headers = self._headers(key)
         data = None
         if body is not None or method == "POST":
-            data = json.dumps(body if body is not None else {}, ensure_ascii=False).encode("utf-8")
+            data = self._encode(body if body is not None else {})
             headers["content-type"] = "application/json"
-        if write:
-            headers["idempotency-key"] = idempotency_key or f"titen-py-{uuid.uuid4().hex}"
         attempt = 0
         while True:
             retry_after = None
             try:
-                status, payload, retry_after = self._send(method, path, data, headers)
+                status, payload, retry_after, location = self._send(method, path, data, headers)
             except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out, cut short
                 if attempt >= self.retries:
-                    raise TitenUnavailable("UNAVAILABLE", f"cannot reach {self.url}: {exc}") from exc
+                    raise TitenUnavailable("UNAVAILABLE", f"cannot reach {self.url}: {exc}",
+                                           idempotency_key=key) from exc
             else:
                 if whole and status == 200:
                     return payload
-                # a 500's outcome is unknown too: a write (keyed) is safe to send again
-                retried = status == 503 or (write and status == 500)
+                if 300 <= status < 400:
+                    raise TitenError("REDIRECT", f"HTTP {status} to {location!r}, not followed: the API never "
+                                     "redirects (check the base URL)", status, idempotency_key=key)
+                report = status == 503 and isinstance(payload, dict) and isinstance(payload.get("data"), dict)
+                # a 500's outcome is unknown too: a write (keyed) is safe to send again.
+                # A not-ready report (/readyz) is an answer, for a probe to read at once
+                retried = (status in _GATEWAY_STATUSES and not report) or (write and status == 500)
                 if not retried or attempt >= self.retries:
-                    return self._unwrap(status, payload)
+                    return self._unwrap(status, payload, key)
             self._sleep(attempt, retry_after)
             attempt += 1
 
-    def _send(self, method: str, path: str, data: bytes | None, headers: dict) -> tuple[int, Any, float | None]:
+    def _headers(self, idempotency_key: str | None) -> dict:
+        headers = {"accept": "application/json", "user-agent": self.user_agent}
+        if self.api_key:
+            if not _visible_ascii(self.api_key):
+                raise TitenError("UNAUTHENTICATED", "the API key is not valid (not visible ASCII)")
+            headers["authorization"] = f"Bearer {self.api_key}"
+        if idempotency_key is not None:
+            if not (1 <= len(idempotency_key) <= 255 and _visible_ascii(idempotency_key)):
+                raise TitenError("VALIDATION_ERROR", "Idempotency-Key must be 1 to 255 visible ASCII characters "
+                                 "(no spaces or controls); nothing was sent")
+            headers["idempotency-key"] = idempotency_key
+        return headers
+
+    @staticmethod
+    def _encode(body: Any) -> bytes:
+        """The body as UTF-8 JSON. Text UTF-8 cannot carry (a lone surrogate)
+        goes as a JSON escape, for the server to refuse with its 400."""
+        try:
+            return json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return json.dumps(body).encode("ascii")
+        except (TypeError, ValueError) as exc:  # not JSON: a set, an object, a circular list
+            raise TitenError("VALIDATION_ERROR", f"the request body cannot be sent as JSON: {exc}") from None
+
+    def _send(self, method: str, path: str, data: bytes | None,
+              headers: dict) -> tuple[int, Any, float | None, str | None]:
         request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                status, raw, retry = response.status, response.read(), response.headers.get("retry-after")
+            with _OPENER.open(request, timeout=self.timeout) as response:
+                status, raw, response_headers = response.status, response.read(), response.headers
         except urllib.error.HTTPError as exc:
-            status, raw, retry = exc.code, exc.read(), exc.headers.get("retry-after")
+            status, raw, response_headers = exc.code, exc.read(), exc.headers
+        retry, location = response_headers.get("retry-after"), response_headers.get("location")
         try:
             payload = json.loads(raw) if raw else None
         except ValueError:
@@ -145,13 +206,13 @@ class Titen:
             retry_after = float(retry) if retry is not None else None
         except ValueError:
             retry_after = None
-        return status, payload, retry_after
+        return status, payload, retry_after, location
 
     def _sleep(self, attempt: int, retry_after: float | None) -> None:
         delay = min(self.max_backoff, self.backoff * (2 ** attempt)) * (0.5 + random.random() / 2)
         time.sleep(max(delay, min(retry_after or 0.0, self.max_backoff)))
 
-    def _unwrap(self, status: int, payload: Any) -> Any:
+    def _unwrap(self, status: int, payload: Any, key: str | None = None) -> Any:
         meta = payload.get("meta") if isinstance(payload, dict) else None
         self.last_meta = meta if isinstance(meta, dict) else {}
         request_id = self.last_meta.get("request_id")
@@ -160,15 +221,17 @@ class Titen:
         error = payload.get("error") if isinstance(payload, dict) else None
         if isinstance(error, dict):
             kind = TitenUnavailable if status == 503 else TitenError
-            raise kind(str(error.get("code")), str(error.get("message")), status, request_id)
+            raise kind(str(error.get("code")), str(error.get("message")), status, request_id,
+                       idempotency_key=key)
         data = payload.get("data") if isinstance(payload, dict) else None
         if status == 503 and isinstance(data, dict):  # /readyz not ready: its body says why
             raise TitenUnavailable("UNAVAILABLE", str(data.get("reason") or data.get("status")), status,
                                    request_id, data)
-        if status == 503:  # a gateway's own 503 (API Gateway: a throttled or unready Lambda)
-            raise TitenUnavailable("UNAVAILABLE", "HTTP 503 without an envelope", status, request_id)
+        if status in _GATEWAY_STATUSES:  # a gateway's own (API Gateway: a throttled, failed or slow Lambda)
+            raise TitenUnavailable("UNAVAILABLE", f"HTTP {status} without an envelope", status, request_id,
+                                   idempotency_key=key)
         raise TitenError("INTERNAL" if status >= 500 else "UNEXPECTED", f"HTTP {status} without an envelope",
-                         status, request_id)
+                         status, request_id, idempotency_key=key)
 
     @staticmethod
     def _id(value: str) -> str:
@@ -205,10 +268,10 @@ class Titen:
         ...                      "confidence": 0.8})["claim_id"]
         'claim_01...'
         """
-        body = _drop_none({"subject_id": subject_id, "kind": kind, "content": content, "source": dict(source),
+        body = _drop_none({"subject_id": subject_id, "kind": kind, "content": content, "source": _object(source),
                            "project_id": project_id, "workspace_id": workspace_id, "trust": trust,
                            "visibility": visibility, "occurred_at": occurred_at,
-                           "claim": dict(claim) if claim is not None else None})
+                           "claim": _object(claim) if claim is not None else None})
         return self.request("POST", "/v1/observations", body, write=True, idempotency_key=idempotency_key)
 
     def observe_batch(self, items: list[Mapping[str, Any]], *, idempotency_key: str | None = None) -> JSON:
@@ -224,7 +287,7 @@ class Titen:
         >>> [("data" in r, "error" in r) for r in out["results"]]
         [(True, False), (False, True)]
         """
-        return self.request("POST", "/v1/observations/batch", {"items": [dict(i) for i in items]}, write=True,
+        return self.request("POST", "/v1/observations/batch", {"items": [_object(i) for i in items]}, write=True,
                             idempotency_key=idempotency_key)
 
     def consolidate(self, subject_id: str, claims: list[Mapping[str, Any]], *, project_id: str | None = None,
@@ -236,7 +299,7 @@ class Titen:
         ...     "sources": [{"observation_id": obs_id, "relation": "supports"}]}])["claim_ids"]
         ['claim_01...']
         """
-        body = _drop_none({"subject_id": subject_id, "project_id": project_id, "claims": [dict(c) for c in claims]})
+        body = _drop_none({"subject_id": subject_id, "project_id": project_id, "claims": [_object(c) for c in claims]})
         return self.request("POST", "/v1/consolidations", body, write=True, idempotency_key=idempotency_key)
 
     def supersede(self, claim_id: str, expected_version: int, statement: str, *,
