@@ -37,19 +37,51 @@ asgi = Mangum(app, lifespan="off")
 
 def readable(event) -> bool:
     """Whether ``event`` is an API Gateway HTTP API (payload 2.0) event
-    Mangum can read: a method and a path, headers an object when present,
-    a body marked base64 that is base64."""
+    Mangum can read: version 2.0; a method, a path and a source address;
+    headers an object of strings when present, with a Host and an
+    X-Forwarded-Port Mangum can read a port from; a query string and a body
+    strings when present, the body base64 when marked so; cookies a list
+    of strings. Each is a field Mangum reads without checking it, so one
+    that is not so raised inside Mangum, a 500 logged as a server fault."""
     try:
         http = event["requestContext"]["http"]
-        if not isinstance(http.get("method"), str) or not isinstance(event.get("rawPath"), str):
+        if event.get("version") != "2.0":
             return False
-        if "headers" in event and not isinstance(event["headers"], dict):
+        if not all(isinstance(http.get(field), str) for field in ("method", "path", "sourceIp")):
             return False
-        if event.get("isBase64Encoded") and event.get("body") is not None:
-            base64.b64decode(event["body"], validate=True)
+        if not isinstance(event.get("rawPath"), str):
+            return False
+        headers = event.get("headers", {})
+        if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                    for k, v in headers.items()):
+            return False
+        if not _port_readable(headers):
+            return False
+        if not isinstance(event.get("rawQueryString", ""), str):
+            return False
+        cookies = event.get("cookies")
+        if cookies is not None and not (isinstance(cookies, list) and all(isinstance(c, str) for c in cookies)):
+            return False
+        body = event.get("body")
+        if body is not None and not isinstance(body, str):
+            return False
+        if event.get("isBase64Encoded") and body is not None:
+            base64.b64decode(body, validate=True)
         return True
     except (KeyError, TypeError, AttributeError, ValueError):
         return False
+
+
+def _port_readable(headers: dict) -> bool:
+    """As Mangum reads the server's port: from ``host:port``, else from
+    X-Forwarded-Port (API Gateway sets both; the app never uses them)."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    host = lowered.get("host", "mangum")
+    if ":" in host:
+        parts = host.split(":")
+        return len(parts) == 2 and parts[1].isascii() and parts[1].isdigit()
+    port = lowered.get("x-forwarded-port", "80")
+    return port.isascii() and port.isdigit()
 
 
 def _answer(status: int, code: str, message: str, request_id: str) -> dict:

@@ -149,9 +149,20 @@ def _unreadable(name, change):
     _unreadable("observation.json", lambda e: e.update(body="%%% not base64 %%%")),
     _unreadable("observation.json", lambda e: e.update(headers=None)),
     _unreadable("observation.json", lambda e: e["requestContext"]["http"].pop("method")),
+    _unreadable("observation.json", lambda e: e["headers"].update({"x-titen": 5})),
+    _unreadable("observation.json", lambda e: e["headers"].update({"x-titen": None})),
+    _unreadable("observation.json", lambda e: e.update(rawQueryString=None)),
+    _unreadable("observation.json", lambda e: e["requestContext"]["http"].pop("sourceIp")),
+    _unreadable("observation.json", lambda e: e.update(version="1.0")),
+    _unreadable("observation.json", lambda e: e["headers"].update({"x-forwarded-port": "abc"})),
+    _unreadable("observation.json", lambda e: e["headers"].update({"host": "api.example:port"})),
+    _unreadable("observation.json", lambda e: e.update(cookies="a=b")),
+    _unreadable("observation.json", lambda e: e.update(body=5)),
     json.loads((EVENTS / "schedule.json").read_text()),
     json.loads((EVENTS / "sqs-rebuild.json").read_text()),
-], ids=["body-not-base64", "headers-null", "no-method", "schedule-event", "sqs-event"])
+], ids=["body-not-base64", "headers-null", "no-method", "header-value-a-number", "header-value-null",
+        "query-string-null", "no-source-ip", "version-1.0", "forwarded-port-not-a-number", "host-port-not-a-number",
+        "cookies-not-a-list", "body-a-number", "schedule-event", "sqs-event"])
 def test_an_event_the_api_cannot_read_is_a_400_envelope_not_an_exception(lam, evt):
     response = lam.api.handler(evt, LambdaContext())
     assert response["statusCode"] == 400
