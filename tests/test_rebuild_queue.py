@@ -261,6 +261,37 @@ def test_the_sqs_event_file_drives_the_handler_with_a_partial_batch_response(lam
     assert read_pointer(lam.store, "demo")[0]["generation"] == 1
 
 
+class ShortContext(LambdaContext):
+    """An invocation near its end: too little time left to build."""
+
+    def get_remaining_time_in_millis(self):
+        return 1_000
+
+
+def test_a_request_already_covered_is_acknowledged_even_with_no_time_left_to_build(lam, capsys):
+    # it was deferred: redelivered after the visibility timeout, counted
+    # toward the dead-letter queue, though there was nothing to build
+    observe(lam, "Deploy smoke checks must pass before a release is promoted.")
+    messages = receive(lam)
+    _, not_before = rebuild_queue.parse_request(messages[0]["Body"])
+    time.sleep(max(0.0, not_before + rebuild_queue.CLOCK_MARGIN_SECONDS + 0.05 - time.time()))
+    lam.rebuild.handler({"org_id": "demo"}, LambdaContext())  # built since, by a listing after the request
+    capsys.readouterr()
+    response = lam.rebuild.handler(sqs_event(messages), ShortContext())
+    assert response == {"batchItemFailures": []}
+    assert [line["status"] for line in rebuild_lines(capsys)] == ["covered"]
+
+
+def test_a_request_not_covered_is_deferred_when_no_time_is_left_to_build(lam, capsys):
+    observe(lam, "Deploy smoke checks must pass before a release is promoted.")
+    messages = receive(lam)
+    capsys.readouterr()
+    response = lam.rebuild.handler(sqs_event(messages), ShortContext())
+    assert response == {"batchItemFailures": [{"itemIdentifier": m["MessageId"]} for m in messages]}
+    assert [line["status"] for line in rebuild_lines(capsys)] == ["deferred"]
+    assert read_pointer(lam.store, "demo")[0] is None
+
+
 def test_a_batch_whose_organizations_cannot_be_listed_is_retried_whole_not_raised(lam, monkeypatch, capsys):
     """The store failing at the start of a batch: a partial-batch answer
     naming every message (SQS retries each), and a failed line per

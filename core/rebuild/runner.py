@@ -61,7 +61,7 @@ from core.keys import ORG_ID
 from core.observe.emf import write_line
 from core.observe.metrics import build_groups, failure_groups
 from core.rebuild.backlog import backlog
-from core.rebuild.queue import RebuildRequestInvalid, parse_request, serve_request
+from core.rebuild.queue import RebuildRequestInvalid, covered, parse_request, serve_request
 from core.snapshot.pointer import read_pointer
 from core.snapshot.publish import RebuildConflict
 
@@ -221,7 +221,12 @@ class RebuildRunner:
 
         def serve(org_id: str, ids: list[str], not_before: float) -> dict:
             if _remaining_ms(context) < TIME_MARGIN_MS:
-                line = _line(org_id, "deferred", None)
+                # too little time to build; enough for one pointer read, and a
+                # request already covered is acknowledged, not redelivered
+                # (redeliveries count toward the dead-letter queue)
+                pointer, _ = read_pointer(self.service.store, org_id)
+                line = (_line(org_id, "covered", pointer["generation"]) if covered(pointer, not_before)
+                        else _line(org_id, "deferred", None))
             else:
                 line = serve_request(self.service.store, org_id, not_before,
                                      lambda: self.rebuild_one(org_id, False))
