@@ -23,6 +23,7 @@ from core.config import Settings
 from core.api.app import create_app
 from core.ids import new_id
 from core.service import Service
+from core.storage import deadline
 
 log = logging.getLogger("titen")
 
@@ -84,6 +85,23 @@ def _port_readable(headers: dict) -> bool:
     return port.isascii() and port.isdigit()
 
 
+# time kept back from the invocation's remaining time for the answer
+# itself: the app's 503, Mangum's response, Lambda's return
+ANSWER_MARGIN_SECONDS = 2.0
+
+
+def _store_seconds(context) -> float:
+    """How long this invocation's store calls may take: what is left of
+    the function's timeout (29 s in the template, under API Gateway's 30),
+    less the margin, so a slow store ends in the 503 envelope, not in the
+    gateway's bare error (core/storage/deadline.py)."""
+    try:
+        left_ms = context.get_remaining_time_in_millis()
+    except AttributeError:  # a hand-made context: no bound is known
+        return float("inf")
+    return left_ms / 1000 - ANSWER_MARGIN_SECONDS
+
+
 def _answer(status: int, code: str, message: str, request_id: str) -> dict:
     body = {"error": {"code": code, "message": message}, "meta": {"request_id": request_id}}
     return {"statusCode": status, "isBase64Encoded": False, "body": json.dumps(body, separators=(",", ":")),
@@ -106,7 +124,8 @@ def handler(event, context):
         return _answer(400, "VALIDATION_ERROR",
                        "not an API Gateway HTTP API event (payload format 2.0) this function can read", request_id)
     try:
-        return asgi(event, context)
+        with deadline.within(_store_seconds(context)):
+            return asgi(event, context)
     except Exception:
         request_id = new_id("req")
         log.exception("the API function failed outside the app [%s]", request_id)

@@ -184,6 +184,20 @@ def test_a_fault_past_the_app_on_a_readable_event_is_a_500_envelope_not_the_call
     assert body["meta"]["request_id"] in caplog.text and "secret internals" in caplog.text
 
 
+@pytest.mark.parametrize("name", ["compile.json", "observation.json"])
+def test_with_no_time_left_for_the_store_a_request_is_the_503_envelope_and_stores_nothing(lam, name):
+    # a throttled or hanging S3 held the request past the function's 29 s:
+    # the caller got API Gateway's bare error instead of this envelope
+    evt = event(name, lam.key)
+    left_ms = int((lam.api.ANSWER_MARGIN_SECONDS - 0.5) * 1000)  # less than the margin: no store time
+    response = lam.api.handler(evt, LambdaContext(left_ms))
+    body = json.loads(response["body"])
+    assert response["statusCode"] == 503 and body["error"]["code"] == "UNAVAILABLE"
+    assert response["headers"]["x-request-id"] == body["meta"]["request_id"]
+    assert list(lam.store.list_keys("orgs/demo/ledger/")) == []
+    assert call(lam, name)[0] in (200, 201)  # the next invocation, with its time, is answered
+
+
 def test_observation_event_is_accepted_with_its_claim_id(lam):
     status, body, _ = call(lam, "observation.json")
     assert status == 201, body

@@ -234,3 +234,53 @@ def test_purge_prefix_reaches_versions_of_deleted_keys(store):
     store.purge_prefix("orgs/a/snapshots/", keep={"orgs/a/snapshots/0002.sqlite"})
     assert _versions(store, "orgs/a/snapshots/0001.sqlite") == []
     assert len(_versions(store, "orgs/a/snapshots/0002.sqlite")) == 1
+
+
+# -- a request's deadline (core/storage/deadline.py) ---------------------------
+
+def _throttled(store):
+    """Every attempt answered 503 SlowDown before it reaches moto; returns
+    the list the attempts are counted in."""
+    from s3_faults import _error
+
+    attempts = []
+
+    def throttle(request, **_):
+        attempts.append(request.context["retries"]["attempt"])
+        return _error(request.url, 503, "SlowDown", "Please reduce your request rate.")
+    store.client.meta.events.register_last("before-send.s3", throttle)  # after the deadline's check
+    return attempts
+
+
+@pytest.mark.parametrize("store", ["s3"], indirect=True)
+def test_no_store_call_begins_once_the_request_deadline_has_passed(store):
+    from core.storage import deadline
+
+    store.put_if_absent("a/1", b"1")
+    attempts = _throttled(store)
+    with deadline.within(-1), pytest.raises(store_s3.DeadlinePassed) as caught:
+        store.get("a/1")
+    assert attempts == [] and isinstance(caught.value, StoreError)
+
+
+@pytest.mark.parametrize("store", ["s3"], indirect=True)
+def test_a_retry_that_could_outlast_the_request_deadline_is_not_begun(store):
+    # throttled, botocore retried with backoff up to five times (and each
+    # attempt could wait out its timeouts): on Lambda past the 29 s limit
+    from core.storage import deadline
+
+    store.put_if_absent("a/1", b"1")
+    attempts = _throttled(store)
+    with deadline.within(store_s3.ATTEMPT_SECONDS - 1), pytest.raises(store_s3.DeadlinePassed):
+        store.get("a/1")
+    assert attempts == [1]
+
+
+@pytest.mark.parametrize("store", ["s3"], indirect=True)
+def test_without_a_deadline_a_call_is_answered_as_before(store):
+    from core.storage import deadline
+
+    store.put_if_absent("a/1", b"1")
+    assert deadline.remaining() is None and store.get("a/1").body == b"1"
+    with deadline.within(60):
+        assert store.get("a/1").body == b"1"

@@ -56,17 +56,46 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from core.storage import deadline
 from core.storage.contract import ObjectNotFound, PreconditionFailed, Store, StoredObject, StoreError
 
 ENDPOINT_ENV = "TITEN_S3_ENDPOINT_URL"
 
-_BOTO_CONFIG = Config(retries={"mode": "standard", "max_attempts": 5})
+# connect and read timeouts well under botocore's 60 s: S3 answers in
+# milliseconds and streams without pauses, so a wait this long is a fault,
+# better retried; and one attempt must fit in a request's time on Lambda
+# (core.storage.deadline: ATTEMPT_SECONDS)
+_CONNECT_TIMEOUT = 3.0
+_READ_TIMEOUT = 10.0
+_BOTO_CONFIG = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=_CONNECT_TIMEOUT,
+                      read_timeout=_READ_TIMEOUT)
+# the longest one attempt can take: a retry with less time left before the
+# request's deadline is not begun
+ATTEMPT_SECONDS = _CONNECT_TIMEOUT + _READ_TIMEOUT
 _CONFLICT_ATTEMPTS = 5          # tries of one conditional write under 409s
 _CONFLICT_BACKOFF = 0.05        # seconds, doubled per attempt, jittered
 _CHUNK = 1 << 20
 
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 _NOT_MODIFIED_CODES = frozenset({"304", "NotModified"})
+
+
+class DeadlinePassed(StoreError):
+    """The request's time for the store is spent (core.storage.deadline)."""
+
+
+def _within_deadline(request=None, **_) -> None:
+    """botocore's hook before each attempt is sent: no call begins after the
+    request's deadline, and no retry that could outlast it. The first
+    attempt of a call with time left is always made: a function configured
+    with less time than one attempt still reaches its store."""
+    left = deadline.remaining()
+    if left is None:
+        return
+    attempt = ((getattr(request, "context", None) or {}).get("retries") or {}).get("attempt", 1)
+    if left <= 0 or (attempt > 1 and left < ATTEMPT_SECONDS):
+        raise DeadlinePassed(f"S3 did not answer in the request's time ({max(left, 0):.1f} s left before "
+                             f"attempt {attempt}); retry shortly")
 
 
 def _error_code(e: ClientError) -> str:
@@ -115,6 +144,8 @@ class S3Store(Store):
         # One client per store, created once here (boto3 clients are
         # thread-safe; creating them is not, and is slow on a cold start).
         self.client = client if client is not None else self._make_client()
+        if hasattr(self.client, "meta"):  # (a test's stand-in may have none)
+            self.client.meta.events.register("before-send.s3", _within_deadline)
 
     @classmethod
     def from_url(cls, url: str, *, client: Any | None = None) -> "S3Store":

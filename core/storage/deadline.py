@@ -1,0 +1,43 @@
+"""How long the request being answered may still wait on the store.
+
+On Lambda the API function has 29 s and API Gateway waits 30: past them
+the caller gets the gateway's bare error, with no request id, instead of
+the 503 envelope (docs/api.md §3). A store that throttles or hangs costs
+each call up to its retries' backoff and timeouts, and a request makes
+several calls in a row, so without a bound a slow store turned into that
+bare error. The Lambda adapter (``handler/api.py``) sets a deadline from
+the invocation's remaining time; the S3 store (``core.storage.s3``) begins
+no call after it, and no retry that could outlast it, and fails the call
+as a ``StoreError`` instead, which every route answers 503 UNAVAILABLE.
+Nothing else sets one: the rebuild function, the CLI and ``titen serve``
+wait for the store as long as its retries take.
+
+A context variable, so it follows the request into the worker thread its
+route runs in (anyio copies the context) and never leaks into another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from contextvars import ContextVar
+from typing import Iterator
+
+_DEADLINE: ContextVar[float | None] = ContextVar("titen_store_deadline", default=None)
+
+
+@contextlib.contextmanager
+def within(seconds: float) -> Iterator[None]:
+    """Store calls made in the block end by ``seconds`` from now."""
+    token = _DEADLINE.set(time.monotonic() + seconds)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def remaining() -> float | None:
+    """Seconds left before the deadline (negative once past), or ``None``
+    when no deadline is set."""
+    deadline = _DEADLINE.get()
+    return None if deadline is None else deadline - time.monotonic()
