@@ -338,3 +338,17 @@ def test_every_field_of_every_answer_is_in_the_document(api):
     for method, path, r in answers:
         schema = doc["paths"][path][method]["responses"][str(r.status_code)]["content"]["application/json"]["schema"]
         jsonschema.Draft202012Validator({**schema, "components": doc["components"]}).validate(r.json())
+
+
+def test_a_readyz_503_from_a_store_failure_is_in_the_document(api):
+    # the document promised only the not-ready report under 503; a store
+    # failing while the key is read answers the error envelope
+    key = api.key()
+    (record,) = [p for p in (Path(api.service.store.root) / "keys").glob("*.json")
+                 if key["_key_id"] not in p.name]
+    record.unlink()
+    record.mkdir()  # reading the key's record now fails as a store error, not as "no key"
+    r = api.get("/readyz", key)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "UNAVAILABLE", r.text
+    schema = document()["paths"]["/readyz"]["get"]["responses"]["503"]["content"]["application/json"]["schema"]
+    jsonschema.Draft202012Validator({**schema, "components": document()["components"]}).validate(r.json())

@@ -144,6 +144,7 @@ SCHEMAS["CompiledPack"] = {**SCHEMAS["Pack"], "properties": {**SCHEMAS["Pack"]["
                            "required": SCHEMAS["Pack"]["required"] + ["query"]}
 SCHEMAS["StoredPack"] = {**SCHEMAS["Pack"], "properties": {**SCHEMAS["Pack"]["properties"], "created_at": STR},
                          "required": SCHEMAS["Pack"]["required"] + ["created_at"]}
+del SCHEMAS["Pack"]  # the two packs' common part, which no answer is on its own
 
 EXAMPLES = {
     "Observation": {"subject_id": "user_rama", "kind": "tool_result", "content": "Production smoke returned 200.",
@@ -171,9 +172,15 @@ def _answer(status: int, schema: dict, description: str, meta: dict | None = Non
         "data": schema, "meta": meta or ref("Meta")})}}}
 
 
+EDGE_400 = ("VALIDATION_ERROR (the error envelope): under titen serve, also a request its HTTP parser cannot "
+            "accept, whatever the route (docs/api.md §4, the edge)")
+
+
 def _errors(*statuses: int) -> dict:
-    return {str(s): {"description": f"{ERROR_CODES[s]} (the error envelope)",
-                     "content": {"application/json": {"schema": ref("Error")}}} for s in statuses}
+    # every route can answer the edge's 400, a body or none
+    return {str(s): {"description": EDGE_400 if s == 400 else f"{ERROR_CODES[s]} (the error envelope)",
+                     "content": {"application/json": {"schema": ref("Error")}}}
+            for s in sorted({400, *statuses})}
 
 
 def _path_id(name: str, prefix: str) -> dict:
@@ -201,9 +208,12 @@ def _op(op_id: str, summary: str, scope: str | None, ok: int, data: dict, errors
 def _readyz() -> dict:
     op = _op("readyz", "snapshot generation, age, claim count, vector state (a key narrows it to its "
                        "organization)", None, 200, ref("Ready"), (401, 500), auth="optional")
-    op["responses"]["503"] = {**_answer(503, ref("Ready"), "not_ready: a published generation cannot be served "
-                                                           "(reason says why); the same shape as 200"),
-                              "description": "not_ready (the success shape, status not_ready, with a reason)"}
+    report = _answer(503, ref("Ready"), "")["content"]["application/json"]["schema"]
+    op["responses"]["503"] = {
+        "description": "not_ready: the success shape with status not_ready and a reason (a published generation "
+                       "cannot be served); or the error envelope, UNAVAILABLE, when the store failed while the "
+                       "key was read",
+        "content": {"application/json": {"schema": {"oneOf": [report, ref("Error")]}}}}
     return op
 
 
@@ -217,8 +227,11 @@ IDEMPOTENCY = {"name": IDEMPOTENCY_HEADER, "in": "header", "required": False,
 
 
 def _write(op_id: str, summary: str, scope: str, ok: int, data: dict, body: str,
-           params: list | None = None) -> dict:
-    return _op(op_id, summary, scope, ok, data, WRITE_ERRORS, body=body, params=[*(params or []), IDEMPOTENCY],
+           params: list | None = None, *, names_records: bool = True) -> dict:
+    """``names_records``: the body or the path names a record that may be
+    unknown (404); an observation names none."""
+    errors = WRITE_ERRORS if names_records else tuple(s for s in WRITE_ERRORS if s != 404)
+    return _op(op_id, summary, scope, ok, data, errors, body=body, params=[*(params or []), IDEMPOTENCY],
                meta=WRITE_META)
 
 
@@ -248,10 +261,11 @@ def document() -> dict:
         "/readyz": {"get": _readyz()},
         "/v1/observations": {"post": _write("createObservation", "append one piece of evidence, optionally "
                                                                  "with the claim it supports", "memory:write", 201,
-                                            ref("ObservationWritten"), "Observation")},
+                                            ref("ObservationWritten"), "Observation", names_records=False)},
         "/v1/observations/batch": {"post": _write("createObservationBatch", "append up to 100 observations in "
                                                                             "one ledger entry, a result per index",
-                                                  "memory:write", 201, ref("BatchWritten"), "ObservationBatch")},
+                                                  "memory:write", 201, ref("BatchWritten"), "ObservationBatch",
+                                                  names_records=False)},
         "/v1/consolidations": {"post": _write("createConsolidation", "append 1-50 caller-written claims citing "
                                                                      "their evidence", "memory:write", 201,
                                               ref("ConsolidationWritten"), "Consolidation")},
@@ -310,15 +324,19 @@ def document() -> dict:
                 "200": {"description": "the JSON-RPC answer (result, or a method-level error)",
                         "content": {"application/json": {"schema": ref("JsonRpcAnswer")}}},
                 "202": {"description": "a notification or a response, accepted; no body"},
-                **{str(s): {"description": d, "content": {"application/json": {"schema": ref("JsonRpcAnswer")}}}
-                   for s, d in ((400, "malformed JSON-RPC or an unsupported MCP-Protocol-Version"),
+                **{str(s): {"description": d, "content": {"application/json": {"schema": (
+                    {"oneOf": [ref("JsonRpcAnswer"), ref("Error")]} if s == 400 else ref("JsonRpcAnswer"))}}}
+                   for s, d in ((400, "malformed JSON-RPC or an unsupported MCP-Protocol-Version (or, under "
+                                      "titen serve, a request its HTTP parser cannot accept: the error envelope)"),
                                 (401, "no valid key (error.data.code UNAUTHENTICATED)"),
+                                (408, "the body did not arrive within TITEN_BODY_TIMEOUT (10 s)"),
                                 (413, "body over 1 MiB"), (500, "internal error"),
                                 (503, "the store is unavailable"))}},
             "security": [{"bearer": []}]}},
         "/openapi.json": {"get": {"operationId": "openapi", "summary": "this document", "security": [],
                                   "responses": {"200": {"description": "OpenAPI 3.1",
-                                                        "content": {"application/json": {"schema": _s("object")}}}}}},
+                                                        "content": {"application/json": {"schema": _s("object")}}},
+                                                **_errors(500)}}},
     }
     return {
         "openapi": "3.1.0",
@@ -326,7 +344,9 @@ def document() -> dict:
                  "description": "Context compilation for AI agents: evidence-backed claims, scoped, ranked and "
                                 "packed to a token budget. Reference: docs/api.md. Request bodies are the "
                                 "validator's own field specs; text must be well-formed Unicode without control "
-                                "characters other than tab and line feed, and bodies are at most 1 MiB."},
+                                "characters other than tab and line feed, and bodies are at most 1 MiB. Every answer "
+                                "carries an x-request-id header equal to meta.request_id (the envelope's), and "
+                                "cache-control: no-store (this document: no-cache)."},
         "paths": paths,
         "components": {"schemas": SCHEMAS,
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
