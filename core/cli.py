@@ -138,6 +138,10 @@ def cmd_mcp(args) -> int:
         try:
             return mcp_stdio.run(answer, sys.stdin.buffer, sys.stdout.buffer)
         finally:
+            # a host closes stdin, then sends SIGTERM after a grace period
+            # (the MCP SDK's is 2 s): that SIGTERM must not cut short the
+            # rebuilds it waits for. Only SIGKILL ends them now
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             for org_id, exc in service.finish_scheduled_rebuilds():
                 print(f"titen mcp: the rebuild of {org_id} at exit failed ({exc}); the next rebuild "
                       "applies its writes (titen rebuild, or a titen serve on this store at its next ledger check)", file=sys.stderr)
@@ -145,8 +149,8 @@ def cmd_mcp(args) -> int:
 
 
 def _exit_on_sigterm(signum, frame):
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
-    raise SystemExit(0)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the rebuilds short
+    raise SystemExit(0)  # to the finally that runs the pending rebuilds
 
 
 def cmd_rebuild(args) -> int:

@@ -310,6 +310,8 @@ class Service:
         self._space_under_load(org_id)
         with self._rebuild_lock(org_id):  # behind a rebuild still running
             with self._guard:
+                if org_id not in self._pending:
+                    return  # taken meanwhile by finish_scheduled_rebuilds, which ran it
                 self._pending.discard(org_id)  # from here a write needs a rebuild of its own
             # ... and its server asks again. Moved outside the guard: a server
             # holding the count's lock for long must not stall every request
@@ -389,7 +391,13 @@ class Service:
             with self._guard:
                 if org_id in self._pending:
                     continue
-            if backlog(self.store, org_id, skew_seconds=self.settings.skew_seconds).due:
+            try:
+                due = backlog(self.store, org_id, skew_seconds=self.settings.skew_seconds).due
+            except Exception as exc:  # one organization's fault holds up no other's catch-up
+                logging.getLogger("titen").warning("checking %s's ledger for entries no generation holds failed: "
+                                                   "%s: %s", org_id, type(exc).__name__, exc)
+                continue
+            if due:
                 self.schedule_rebuild(org_id, write=False)
                 scheduled.append(org_id)
         return scheduled

@@ -27,6 +27,7 @@ from core.storage import deadline
 
 log = logging.getLogger("titen")
 
+deadline.bound_requests()  # before the store is opened: its S3 attempts fit in a request's time
 service = Service(Settings.from_env())
 # the snapshots of TITEN_PRELOAD_ORGS, loaded here in the init phase; any
 # other organization's is loaded by its first request (its id comes from

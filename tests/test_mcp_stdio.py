@@ -340,3 +340,38 @@ def test_an_embedded_process_that_ends_right_after_a_write_publishes_it_first(ap
     pointer = _pointer(data_dir)
     assert pointer["generation"] > before and pointer["claim_count"] == 1
     assert written["structuredContent"]["claim_id"] is not None
+
+
+SLOW_REBUILDS = """
+import sys, time
+import core.snapshot.build as build
+rebuild = build.SnapshotBuilder.rebuild
+def slow(self, *args, **kwargs):
+    time.sleep(1.5)
+    return rebuild(self, *args, **kwargs)
+build.SnapshotBuilder.rebuild = slow
+from core.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_sigterm_while_the_exit_rebuild_runs_does_not_cut_it_short(api):
+    # a host closes stdin, then sends SIGTERM after its grace period: that
+    # SIGTERM stopped the rebuild it was waiting for, and the process exited 0
+    data_dir = Path(api.service.settings.store_url[len("file://"):])
+    key = api.key(scopes="context:compile,memory:write,admin")
+    api.rebuild(key)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TITEN_")}
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_REBUILDS, "mcp", "--data-dir", str(data_dir),
+                             "--api-key", key["authorization"][7:]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=env)
+    message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+               "params": {"name": "titen_remember", "arguments": remember_args("user_rama")}}
+    proc.stdin.write(json.dumps(message).encode() + b"\n")
+    proc.stdin.flush()
+    assert "result" in json.loads(proc.stdout.readline())
+    proc.stdin.close()
+    time.sleep(0.5)  # the exit rebuild is under way
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    assert _pointer(data_dir)["claim_count"] == 1

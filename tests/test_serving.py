@@ -401,6 +401,18 @@ def test_catch_up_schedules_only_the_organizations_whose_ledger_is_ahead_of_thei
     assert len(_compiled_ids(fresh, acme, "staging cluster")) == 2
 
 
+def test_one_organization_that_cannot_be_checked_holds_up_no_others_catch_up(tmp_path):
+    supervisor = Service(_settings(tmp_path), auto_rebuild=True, serves=False)
+    writer = Api(Service(_settings(tmp_path)))
+    broken, later = writer.key(org="aaa"), writer.key(org="zzz")
+    for key in (broken, later):
+        writer.observe(key, claim=STATEMENT)
+        writer.rebuild(key)
+    writer.observe(later, claim={**STATEMENT, "statement": "The staging cluster runs Redis 7"})
+    (tmp_path / "titen" / "orgs" / "aaa" / "snapshots" / "current.json").write_text("{not json")
+    assert supervisor.catch_up() == ["zzz"]
+
+
 def test_the_supervisor_catches_up_a_write_whose_own_rebuild_never_ran(tmp_path):
     """A ``titen mcp`` killed right after a write, or ``titen import``
     without ``--rebuild``: nothing asks for the rebuild, the safety net

@@ -201,6 +201,21 @@ def test_client_config_region_and_endpoint_come_from_the_environment(monkeypatch
     assert client.meta.config.retries == {"mode": "standard", "total_max_attempts": 6}
 
 
+@pytest.mark.parametrize("bounded, timeouts", [(False, (60, 60)), (True, (3.0, 10.0))])
+def test_only_a_process_whose_requests_have_deadlines_waits_seconds_on_s3(monkeypatch, bounded, timeouts):
+    # the API function's attempts must fit in a request's time; a rebuild
+    # uploading a large snapshot keeps botocore's patient timeouts
+    from core.storage import deadline
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setattr(deadline, "_BOUNDED", bounded)
+    config = S3Store.from_url("s3://b/p").client.meta.config
+    assert (config.connect_timeout, config.read_timeout) == timeouts
+    assert config.retries == {"mode": "standard", "total_max_attempts": 6}
+
+
 def _versions(store, key):
     full = f"pfx/{key}"
     answer = store.client.list_object_versions(Bucket=BUCKET, Prefix=full)

@@ -24,6 +24,21 @@ from contextvars import ContextVar
 from typing import Iterator
 
 _DEADLINE: ContextVar[float | None] = ContextVar("titen_store_deadline", default=None)
+_BOUNDED = False  # this process answers requests with deadlines (the Lambda API function)
+
+
+def bound_requests() -> None:
+    """Called by a process whose requests carry deadlines, before it opens
+    its store: its S3 attempts then wait seconds, not a minute, to connect
+    or read (``core.storage.s3``), so one attempt fits in a request's time.
+    Other processes keep botocore's patient timeouts: a rebuild uploading a
+    large snapshot may wait for S3's answer to its last byte."""
+    global _BOUNDED
+    _BOUNDED = True
+
+
+def requests_bounded() -> bool:
+    return _BOUNDED
 
 
 @contextlib.contextmanager

@@ -61,15 +61,17 @@ from core.storage.contract import ObjectNotFound, PreconditionFailed, Store, Sto
 
 ENDPOINT_ENV = "TITEN_S3_ENDPOINT_URL"
 
-# connect and read timeouts well under botocore's 60 s: S3 answers in
-# milliseconds and streams without pauses, so a wait this long is a fault,
-# better retried; and one attempt must fit in a request's time on Lambda
-# (core.storage.deadline: ATTEMPT_SECONDS)
+_BOTO_CONFIG = Config(retries={"mode": "standard", "max_attempts": 5})
+# In a process whose requests carry deadlines (the Lambda API function:
+# core.storage.deadline.bound_requests), connect and read timeouts well
+# under botocore's 60 s: S3 answers small requests in milliseconds, so a
+# wait this long is a fault, better retried, and one attempt must fit in a
+# request's time. (A read timeout is the wait between bytes, not a bound on
+# a whole download.)
 _CONNECT_TIMEOUT = 3.0
 _READ_TIMEOUT = 10.0
-_BOTO_CONFIG = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=_CONNECT_TIMEOUT,
-                      read_timeout=_READ_TIMEOUT)
-# the longest one attempt can take: a retry with less time left before the
+_REQUEST_BOTO_CONFIG = _BOTO_CONFIG.merge(Config(connect_timeout=_CONNECT_TIMEOUT, read_timeout=_READ_TIMEOUT))
+# what one attempt may wait there: a retry with less time left before the
 # request's deadline is not begun
 ATTEMPT_SECONDS = _CONNECT_TIMEOUT + _READ_TIMEOUT
 _CONFLICT_ATTEMPTS = 5          # tries of one conditional write under 409s
@@ -87,8 +89,9 @@ class DeadlinePassed(StoreError):
 def _within_deadline(request=None, **_) -> None:
     """botocore's hook before each attempt is sent: no call begins after the
     request's deadline, and no retry that could outlast it. The first
-    attempt of a call with time left is always made: a function configured
-    with less time than one attempt still reaches its store."""
+    attempt of a call begun before the deadline is always made, whatever
+    time is left: a function configured with less time than one attempt
+    still reaches its store."""
     left = deadline.remaining()
     if left is None:
         return
@@ -159,7 +162,8 @@ class S3Store(Store):
     def _make_client() -> Any:
         region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
         endpoint = os.environ.get(ENDPOINT_ENV) or None
-        return boto3.client("s3", region_name=region, endpoint_url=endpoint, config=_BOTO_CONFIG)
+        config = _REQUEST_BOTO_CONFIG if deadline.requests_bounded() else _BOTO_CONFIG
+        return boto3.client("s3", region_name=region, endpoint_url=endpoint, config=config)
 
     # -- keys ----------------------------------------------------------------
 
