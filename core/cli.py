@@ -231,10 +231,14 @@ def _this_command(args) -> str:
 
 
 def _where_flag(args) -> str:
-    """The store flag this command was given, for a printed hint."""
-    if args.store:
-        return f" --store {shlex.quote(args.store)}"
-    return f" --data-dir {shlex.quote(args.data_dir)}" if args.data_dir else ""
+    """The store this command used, as a flag, for a printed hint: given
+    as a flag, or by TITEN_STORE or TITEN_DATA_DIR, which the shell the hint
+    is pasted into may not have."""
+    store = args.store or (None if args.data_dir else os.environ.get("TITEN_STORE"))
+    if store:
+        return f" --store {shlex.quote(store)}"
+    data_dir = args.data_dir or os.environ.get("TITEN_DATA_DIR")
+    return f" --data-dir {shlex.quote(data_dir)}" if data_dir else ""
 
 
 def cmd_snapshots_list(args) -> int:

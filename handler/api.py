@@ -88,7 +88,7 @@ def _port_readable(headers: dict) -> bool:
 
 # time kept back from the invocation's remaining time for the answer
 # itself: the app's 503, Mangum's response, Lambda's return
-ANSWER_MARGIN_SECONDS = 2.0
+ANSWER_MARGIN_SECONDS = 3.0  # (and a retry's backoff sleep, at most 2 s here: core/storage/s3.py)
 
 
 def _store_seconds(context) -> float:

@@ -249,13 +249,17 @@ def test_keys_list_shows_an_organizations_keys_without_the_keys(tmp_path, capsys
                                                     "revoked_at"} for k in listed)
 
 
-def test_demo_prints_a_revoke_command_that_works_as_pasted(tmp_path):
+@pytest.mark.parametrize("where", ["--data-dir", "TITEN_DATA_DIR"])
+def test_demo_prints_a_revoke_command_that_works_as_pasted(tmp_path, where):
     # as make run starts it: the venv's titen, not on PATH, and a data
-    # directory of the user's choosing (make run DATA_DIR=...)
+    # directory of the user's choosing (make run DATA_DIR=..., or the
+    # environment of a shell the command is not pasted into)
     titen = os.path.join(os.path.dirname(sys.executable), "titen")
-    env = {**os.environ, "PATH": "/usr/bin:/bin"}
-    env.pop("TITEN_DATA_DIR", None)
-    shown = subprocess.run([titen, "demo", "--data-dir", str(tmp_path / "data")], cwd=tmp_path, env=env,
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TITEN_")}
+    env["PATH"] = "/usr/bin:/bin"
+    flags = ["--data-dir", str(tmp_path / "data")] if where == "--data-dir" else []
+    demo_env = env if flags else {**env, "TITEN_DATA_DIR": str(tmp_path / "data")}
+    shown = subprocess.run([titen, "demo", *flags], cwd=tmp_path, env=demo_env,
                            capture_output=True, text=True, check=True).stdout
     command = re.search(r"key_id key_[0-9a-f]{32}: (.+)\)$", shown, re.M).group(1)
     revoked = subprocess.run(shlex.split(command), cwd=tmp_path, env=env, capture_output=True, text=True)

@@ -135,7 +135,8 @@ class Titen:
         3
         """
         self.last_meta = {}  # never the meta of an earlier call
-        key = (idempotency_key or f"titen-py-{uuid.uuid4().hex}") if write else None
+        # an empty key is refused like any the header cannot carry, not replaced
+        key = (f"titen-py-{uuid.uuid4().hex}" if idempotency_key is None else idempotency_key) if write else None
         headers = self._headers(key)
         data = None
         if body is not None or method == "POST":

@@ -27,6 +27,7 @@ from core.ids import new_id
 from core.observe.request_line import note_error, note_rpc
 from core.snapshot.reader import DAMAGE_ERRORS
 from core.storage import StoreError
+from core.storage.deadline import DeadlinePassed
 from core.validation import parse_json_value
 
 if TYPE_CHECKING:
@@ -83,6 +84,9 @@ def endpoint(service: Service, *, auth: bool = True, body: bool = False, inline:
                 if principal is None:
                     raise
                 return error_response(service.snapshot_damaged(principal.org_id, exc), request_id)
+            except DeadlinePassed as exc:  # the request's time, not the store's health: one line
+                log.warning("%s [%s]", exc, request_id)
+                return error_response(Unavailable("the store is unavailable; retry shortly"), request_id)
             except StoreError:
                 log.exception("store failure [%s]", request_id)
                 return error_response(Unavailable("the store is unavailable; retry shortly"), request_id)
@@ -127,6 +131,10 @@ def mcp_endpoint(service: Service):
             if isinstance(exc, RequestTimeout):
                 response.headers["connection"] = "close"  # the rest of the body is never read
             return response
+        except DeadlinePassed as exc:
+            log.warning("%s [%s]", exc, request_id)
+            return mcp_error(503, rpc_error(message_id(message), SERVER_ERROR, "the store is unavailable; retry "
+                                            "shortly", {"code": "UNAVAILABLE"}), request_id)
         except StoreError:
             log.exception("store failure [%s]", request_id)
             return mcp_error(503, rpc_error(message_id(message), SERVER_ERROR, "the store is unavailable; retry "

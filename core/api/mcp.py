@@ -45,6 +45,7 @@ from core.observe.request_line import note_error
 from core.budget.items import dumps
 from core.snapshot.reader import DAMAGE_ERRORS
 from core.storage import StoreError
+from core.storage.deadline import DeadlinePassed
 from core.validation import MAX_DEPTH, Fields, check_depth, check_strings, well_formed
 
 log = logging.getLogger("titen.mcp")
@@ -313,6 +314,9 @@ class McpServer:
             return tool_error(exc)
         except DAMAGE_ERRORS as exc:  # a damaged snapshot file: evicted, never served (as on the routes)
             return tool_error(self.service.snapshot_damaged(principal.org_id, exc))
+        except DeadlinePassed as exc:  # the request's time, not the store's health: one line
+            log.warning("%s [%s]", exc, request_id)
+            return tool_error(Unavailable("the store is unavailable; retry shortly"))
         except StoreError:
             log.exception("store failure [%s]", request_id)
             return tool_error(Unavailable("the store is unavailable; retry shortly"))

@@ -23,6 +23,13 @@ import time
 from contextvars import ContextVar
 from typing import Iterator
 
+from core.storage.contract import StoreError
+
+class DeadlinePassed(StoreError):
+    """The request's time for the store is spent: a 503 like any store
+    failure, logged in one line (the store itself may be healthy)."""
+
+
 _DEADLINE: ContextVar[float | None] = ContextVar("titen_store_deadline", default=None)
 _BOUNDED = False  # this process answers requests with deadlines (the Lambda API function)
 

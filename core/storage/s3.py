@@ -70,7 +70,12 @@ _BOTO_CONFIG = Config(retries={"mode": "standard", "max_attempts": 5})
 # a whole download.)
 _CONNECT_TIMEOUT = 3.0
 _READ_TIMEOUT = 10.0
-_REQUEST_BOTO_CONFIG = _BOTO_CONFIG.merge(Config(connect_timeout=_CONNECT_TIMEOUT, read_timeout=_READ_TIMEOUT))
+# and two retries, not five: botocore sleeps its backoff (up to 2^n s)
+# before the deadline's check (_within_deadline) sees the attempt, so a
+# late retry's sleep could carry the request past its time; with two, a
+# sleep is at most 2 s, inside the Lambda adapter's margin
+_REQUEST_BOTO_CONFIG = Config(retries={"mode": "standard", "max_attempts": 2}, connect_timeout=_CONNECT_TIMEOUT,
+                              read_timeout=_READ_TIMEOUT)
 # what one attempt may wait there: a retry with less time left before the
 # request's deadline is not begun
 ATTEMPT_SECONDS = _CONNECT_TIMEOUT + _READ_TIMEOUT
@@ -80,10 +85,6 @@ _CHUNK = 1 << 20
 
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 _NOT_MODIFIED_CODES = frozenset({"304", "NotModified"})
-
-
-class DeadlinePassed(StoreError):
-    """The request's time for the store is spent (core.storage.deadline)."""
 
 
 def _within_deadline(request=None, **_) -> None:
@@ -97,7 +98,7 @@ def _within_deadline(request=None, **_) -> None:
         return
     attempt = ((getattr(request, "context", None) or {}).get("retries") or {}).get("attempt", 1)
     if left <= 0 or (attempt > 1 and left < ATTEMPT_SECONDS):
-        raise DeadlinePassed(f"S3 did not answer in the request's time ({max(left, 0):.1f} s left before "
+        raise deadline.DeadlinePassed(f"S3 did not answer in the request's time ({max(left, 0):.1f} s left before "
                              f"attempt {attempt}); retry shortly")
 
 
