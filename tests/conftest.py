@@ -11,6 +11,18 @@ from core.storage.local import LocalStore
 STORE_BACKENDS = ["local", "local-named", "s3"]
 
 
+@pytest.fixture(autouse=True)
+def requests_unbounded(monkeypatch):
+    """Importing the Lambda API adapter (handler/api.py) marks the process
+    as one whose requests carry deadlines, which gives every S3 client it
+    opens afterwards the API function's short timeouts and two retries
+    (core/storage/deadline.py). A test that imports it must not leave that
+    to the next test in the same worker: each starts unmarked."""
+    from core.storage import deadline
+
+    monkeypatch.setattr(deadline, "_BOUNDED", False)
+
+
 def serialize_moto(monkeypatch) -> None:
     """moto checks If-Match / If-None-Match and then writes without a lock,
     so racing threads can both "win" (seen ~1 in 4000 two-thread runs; more
