@@ -140,12 +140,33 @@ def cmd_mcp(args) -> int:
         finally:
             # a host closes stdin, then sends SIGTERM after a grace period
             # (the MCP SDK's is 2 s): that SIGTERM must not cut short the
-            # rebuilds it waits for. Only SIGKILL ends them now
+            # rebuilds it waits for. SIGKILL (the SDK's, 2 s later) or
+            # SIGINT still ends them; titen serve's catch-up, or the next
+            # titen mcp's start, then builds what they left
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            for org_id, exc in service.finish_scheduled_rebuilds():
-                print(f"titen mcp: the rebuild of {org_id} at exit failed ({exc}); the next rebuild "
-                      "applies its writes (titen rebuild, or a titen serve on this store at its next ledger check)", file=sys.stderr)
+            for failed_org, exc in _finish_rebuilds(service, org_id):
+                print(f"titen mcp: the rebuild of {failed_org} at exit failed ({exc}); the next rebuild "
+                      "applies its writes (titen rebuild, or a titen serve on this store at its next ledger check)",
+                      file=sys.stderr)
     return mcp_stdio.run(answer, sys.stdin.buffer, sys.stdout.buffer)
+
+
+def _finish_rebuilds(service, org_id: str) -> list[tuple[str, Exception]]:
+    """The rebuilds this process scheduled, then its key's organization
+    once more if its ledger still holds entries no generation holds: a
+    write stopped by SIGTERM after its entry was stored, before it asked
+    for its rebuild."""
+    from core.rebuild.backlog import backlog
+
+    failed = service.finish_scheduled_rebuilds()
+    if any(org == org_id for org, _ in failed):
+        return failed
+    try:
+        if backlog(service.store, org_id, skew_seconds=service.settings.skew_seconds).due:
+            service.rebuild(org_id)
+    except Exception as exc:
+        failed.append((org_id, exc))
+    return failed
 
 
 def _exit_on_sigterm(signum, frame):

@@ -126,6 +126,10 @@ def follow(reader, interval: float = BELL_CHECK_SECONDS, *, poll: bool,
 
 CATCH_UP_SECONDS = 15
 CATCH_UP_SHARE = 20  # a pass never takes more than a twentieth of the time
+# ... but is never put off longer than this: a pass that took long because
+# the store failed (botocore's patient retries, per organization) says
+# nothing about the next one
+CATCH_UP_MAX_WAIT_SECONDS = 300
 
 
 def catch_up(service, interval: float = CATCH_UP_SECONDS, *, stop: threading.Event | None = None) -> None:
@@ -151,7 +155,12 @@ def catch_up(service, interval: float = CATCH_UP_SECONDS, *, stop: threading.Eve
             for org_id in scheduled:
                 logging.getLogger("titen").info("%s: the ledger holds entries no generation holds; rebuilding",
                                                 org_id)
-        wait = max(interval, CATCH_UP_SHARE * (time.monotonic() - started))
+        wait = next_catch_up_wait(interval, time.monotonic() - started)
+
+
+def next_catch_up_wait(interval: float, took: float) -> float:
+    """Seconds until the next pass, after one that took ``took``."""
+    return max(interval, min(CATCH_UP_SHARE * took, CATCH_UP_MAX_WAIT_SECONDS))
 
 
 def standalone_service(settings: Settings, **kw):

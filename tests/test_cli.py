@@ -436,3 +436,25 @@ def test_serve_writes_one_json_line_per_request_on_stderr(tmp_path):
     lines = [json.loads(x) for x in err_path.read_text().splitlines() if x.startswith("{")]
     assert [(x["event"], x["method"], x["route"], x["status"]) for x in lines][-2:] == [
         ("request", "GET", "/healthz", 200), ("request", "GET", "/v1/claims/{claim_id}/evidence", 401)]
+
+
+def test_titen_mcp_at_exit_builds_its_organization_when_a_stored_write_never_asked_for_it(tmp_path):
+    # SIGTERM between a write's ledger entry and its rebuild request: no
+    # rebuild was pending, so finishing the pending ones built nothing
+    from core.cli import _finish_rebuilds
+    from core.config import Settings
+    from core.service import Service
+
+    settings = Settings.from_env(data_dir=str(tmp_path))
+    writer = Service(settings)  # stores, asks for no rebuild
+    key = writer.keys.create("acme", "alice", ["memory:write", "context:compile"], [])
+    principal = writer.keys.authenticate("Bearer " + key["api_key"])
+    writer.rebuild("acme")
+    writer.write(principal, "POST /v1/observations", {}, {
+        "subject_id": "user_rama", "kind": "tool_result", "content": "Smoke passed.",
+        "source": {"type": "tool", "ref": "t#1"}, "visibility": "organization",
+        "claim": {"statement": "Smoke passed on Friday.", "kind": "episodic_event", "confidence": 0.9}}, None)
+    exiting = Service(settings, auto_rebuild=True)  # the titen mcp process: nothing pending
+    assert _finish_rebuilds(exiting, "acme") == []
+    pointer = json.loads((tmp_path / "orgs" / "acme" / "snapshots" / "current.json").read_text())
+    assert pointer["claim_count"] == 1

@@ -413,6 +413,14 @@ def test_one_organization_that_cannot_be_checked_holds_up_no_others_catch_up(tmp
     assert supervisor.catch_up() == ["zzz"]
 
 
+@pytest.mark.parametrize("took, wait", [(0.01, 15), (0.75, 15), (2.0, 40), (15, 300), (3600, 300)])
+def test_a_catch_up_pass_is_spaced_by_twenty_times_its_duration_but_at_most_five_minutes(took, wait):
+    # a pass slowed by a failing store's retries put the next off for hours
+    from core.serving import CATCH_UP_SECONDS, next_catch_up_wait
+
+    assert next_catch_up_wait(CATCH_UP_SECONDS, took) == wait
+
+
 def test_the_supervisor_catches_up_a_write_whose_own_rebuild_never_ran(tmp_path):
     """A ``titen mcp`` killed right after a write, or ``titen import``
     without ``--rebuild``: nothing asks for the rebuild, the safety net

@@ -25,6 +25,7 @@ from typing import Iterator
 
 from core.storage.contract import StoreError
 
+
 class DeadlinePassed(StoreError):
     """The request's time for the store is spent: a 503 like any store
     failure, logged in one line (the store itself may be healthy)."""
