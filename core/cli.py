@@ -126,6 +126,11 @@ def cmd_mcp(args) -> int:
         if not api_key:
             print("titen: titen mcp needs a key: --api-key or TITEN_API_KEY", file=sys.stderr)
             return 2
+        refusal = _mcp_key_refusal(_settings(args), api_key)
+        if refusal is not None:
+            print(f"titen mcp: {refusal.message}; every message is answered with this error", file=sys.stderr)
+            mcp_stdio.run(mcp_stdio.refusing(refusal), sys.stdin.buffer, sys.stdout.buffer)
+            return 2
         from core.serving import standalone_service
         service = standalone_service(_settings(args), auto_rebuild=True)
         org_id = service.keys.authenticate("Bearer " + api_key).org_id
@@ -149,6 +154,26 @@ def cmd_mcp(args) -> int:
                       "applies its writes (titen rebuild, or a titen serve on this store at its next ledger check)",
                       file=sys.stderr)
     return mcp_stdio.run(answer, sys.stdin.buffer, sys.stdout.buffer)
+
+
+def _mcp_key_refusal(settings: Settings, api_key: str) -> TitenError | None:
+    """Why ``titen mcp`` on this store cannot act as ``api_key``, checked
+    before anything is made there (a cache directory, a held server
+    directory): no store at a local path, or a key it does not know."""
+    from core.errors import NotFound
+    from core.keys import KeyRing
+    from core.storage import open_store
+
+    url = settings.store_url
+    if not url.startswith("s3://"):
+        root = url[len("file://"):] if url.startswith("file://") else url
+        if not os.path.isdir(root):
+            return NotFound(f"no store at {root}: nothing was ever written there (a mistyped --data-dir?)")
+    try:
+        KeyRing(open_store(url)).authenticate("Bearer " + api_key)
+    except TitenError as exc:
+        return exc
+    return None
 
 
 def _finish_rebuilds(service, org_id: str) -> list[tuple[str, Exception]]:

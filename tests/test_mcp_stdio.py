@@ -88,6 +88,26 @@ def test_titen_mcp_without_a_key_says_so_and_exits_2(tmp_path):
     assert proc.returncode == 2 and b"--api-key or TITEN_API_KEY" in proc.stderr
 
 
+def test_an_embedded_server_with_a_key_the_store_does_not_know_answers_every_message_with_why(tmp_path):
+    # it exited before answering: a host saw only a server that closed
+    Service(Settings.from_env(data_dir=str(tmp_path / "d"))).keys.create("acme", "alice", ["context:compile"], [])
+    lines = b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}\n' \
+            b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n{"jsonrpc": "2.0", "id": 2, "method": "ping"}\n'
+    proc = _embedded(tmp_path, "titen_sk_" + "A" * 43, lines)
+    answers = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [(a["id"], a["error"]["data"]["code"]) for a in answers] == [(1, "UNAUTHENTICATED"), (2, "UNAUTHENTICATED")]
+    assert proc.returncode == 2 and b"not valid" in proc.stderr
+    assert not (tmp_path / "c").exists()  # nothing was made for a process that cannot act
+
+
+def test_an_embedded_server_on_a_data_directory_that_is_not_there_says_so_and_makes_none(tmp_path):
+    proc = _embedded(tmp_path, "titen_sk_" + "A" * 43, b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}\n')
+    (answer,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert answer["id"] == 1 and answer["error"]["data"]["code"] == "NOT_FOUND"
+    assert "no store at" in answer["error"]["message"] and proc.returncode == 2
+    assert not (tmp_path / "d").exists()
+
+
 def test_stdio_answers_a_bad_line_with_a_parse_error_and_ignores_notifications(tmp_path):
     service = Service(Settings.from_env(data_dir=str(tmp_path / "d")))
     key = service.keys.create("acme", "alice", ["context:compile"], [])["api_key"]

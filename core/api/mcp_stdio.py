@@ -71,6 +71,23 @@ def embedded(service, api_key: str) -> Answer:
     return answer
 
 
+def refusing(error: TitenError) -> Answer:
+    """Every message that expects an answer gets ``error`` under its id: a
+    key this store does not know, or a store that is not there. The host
+    then shows why (its initialize fails with the message) instead of a
+    server that closed before answering."""
+
+    def answer(line: bytes) -> dict | None:
+        try:
+            message = json.loads(line)
+        except (ValueError, RecursionError):
+            message = None
+        if not _expects_answer(message):
+            return None
+        return rpc_error(message_id(message), SERVER_ERROR, error.message, {"code": error.code})
+    return answer
+
+
 def bridged(url: str, api_key: str | None, timeout: float = 60.0) -> Answer:
     endpoint = url.rstrip("/") if url.rstrip("/").endswith("/mcp") else url.rstrip("/") + "/mcp"
     negotiated: dict[str, str] = {}
