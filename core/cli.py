@@ -16,9 +16,10 @@ import shlex
 import shutil
 import signal
 import sys
+import time
 
 from core.config import Settings
-from core.errors import TitenError
+from core.errors import Conflict, TitenError
 from core.writes.importer import check_rereadable, import_file, stderr_progress
 from core.keys import Principal
 from core.snapshot.publish import RebuildConflict
@@ -135,7 +136,13 @@ def cmd_mcp(args) -> int:
         service = standalone_service(_settings(args), auto_rebuild=True)
         org_id = service.keys.authenticate("Bearer " + api_key).org_id
         if org_id in service.ledger.organizations():
-            service.rebuild(org_id)
+            try:
+                _rebuild_beside_others(service, org_id)
+            except Exception as exc:
+                # as titen serve at start: serve what is published, and try again
+                delay = service.retry_rebuild(org_id)
+                print(f"titen mcp: the rebuild of {org_id} at start failed ({exc}); serving what is "
+                      f"published, and trying again in {delay:g} s", file=sys.stderr)
         answer = mcp_stdio.embedded(service, api_key)
         # a host stops its server by closing stdin, then by SIGTERM: either
         # way the rebuilds its writes and erasures asked for run first
@@ -183,15 +190,41 @@ def _finish_rebuilds(service, org_id: str) -> list[tuple[str, Exception]]:
     for its rebuild."""
     from core.rebuild.backlog import backlog
 
-    failed = service.finish_scheduled_rebuilds()
+    failed = []
+    for org, exc in service.finish_scheduled_rebuilds():
+        if not isinstance(exc, Conflict):
+            failed.append((org, exc))
+            continue
+        try:  # another process (titen serve's supervisor) published twice meanwhile
+            _rebuild_beside_others(service, org)
+        except Exception as again:
+            failed.append((org, again))
     if any(org == org_id for org, _ in failed):
         return failed
     try:
         if backlog(service.store, org_id, skew_seconds=service.settings.skew_seconds).due:
-            service.rebuild(org_id)
+            _rebuild_beside_others(service, org_id)
     except Exception as exc:
         failed.append((org_id, exc))
     return failed
+
+
+CONFLICT_TRIES = 5
+
+
+def _rebuild_beside_others(service, org_id: str) -> None:
+    """A rebuild in a process that shares its store with others (``titen
+    serve``'s supervisor, other ``titen mcp``): losing the publish to one of
+    them (``Conflict``: it published twice while this built) is routine
+    under writes, so it is tried again, a little later each time."""
+    for attempt in range(CONFLICT_TRIES):
+        try:
+            service.rebuild(org_id)
+            return
+        except Conflict:
+            if attempt == CONFLICT_TRIES - 1:
+                raise
+            time.sleep(0.1 * 2 ** attempt)
 
 
 def _exit_on_sigterm(signum, frame):

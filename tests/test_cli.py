@@ -458,3 +458,33 @@ def test_titen_mcp_at_exit_builds_its_organization_when_a_stored_write_never_ask
     assert _finish_rebuilds(exiting, "acme") == []
     pointer = json.loads((tmp_path / "orgs" / "acme" / "snapshots" / "current.json").read_text())
     assert pointer["claim_count"] == 1
+
+
+def test_titen_mcp_at_exit_tries_again_a_rebuild_another_process_beat(tmp_path, monkeypatch):
+    # titen serve's supervisor publishing twice while it built is routine
+    # under writes: the erasure or write it carried was left pending
+    from core.cli import _finish_rebuilds
+    from core.config import Settings
+    from core.errors import Conflict
+    from core.service import Service
+
+    settings = Settings.from_env(data_dir=str(tmp_path))
+    service = Service(settings, auto_rebuild=True)
+    key = service.keys.create("acme", "alice", ["memory:write"], [])
+    principal = service.keys.authenticate("Bearer " + key["api_key"])
+    service.rebuild("acme")
+    service.write(principal, "POST /v1/observations", {}, {
+        "subject_id": "user_rama", "kind": "tool_result", "content": "Smoke passed.",
+        "source": {"type": "tool", "ref": "t#1"}, "visibility": "organization",
+        "claim": {"statement": "Smoke passed on Friday.", "kind": "episodic_event", "confidence": 0.9}}, None)
+    rebuild, beaten = service.rebuild, []
+
+    def beaten_twice(org_id, **kwargs):
+        if len(beaten) < 2:
+            beaten.append(org_id)
+            raise Conflict("another rebuild of this organization published first; retry")
+        return rebuild(org_id, **kwargs)
+    monkeypatch.setattr(service, "rebuild", beaten_twice)
+    assert _finish_rebuilds(service, "acme") == []
+    pointer = json.loads((tmp_path / "orgs" / "acme" / "snapshots" / "current.json").read_text())
+    assert beaten == ["acme", "acme"] and pointer["claim_count"] == 1

@@ -395,3 +395,31 @@ def test_a_sigterm_while_the_exit_rebuild_runs_does_not_cut_it_short(api):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
     assert _pointer(data_dir)["claim_count"] == 1
+
+
+BEATEN_AT_START = """
+import sys
+import core.service
+from core.errors import Conflict
+def beaten(self, org_id, **kwargs):
+    raise Conflict("another rebuild of this organization published first; retry")
+core.service.Service.rebuild = beaten
+from core.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_an_embedded_server_whose_rebuild_at_start_is_beaten_still_serves(tmp_path):
+    # it exited 2 before answering initialize (3.5% of starts in a soak beside titen serve)
+    service = Service(Settings.from_env(data_dir=str(tmp_path / "d")))
+    key = service.keys.create("acme", "alice", ["context:compile", "memory:write"], [])
+    principal = service.keys.authenticate("Bearer " + key["api_key"])
+    service.write(principal, "POST /v1/observations", {}, {**remember_args("user_rama"), "kind": "tool_result",
+                                                          "source": {"type": "tool", "ref": "t#1"}}, None)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("TITEN_")},
+           "TITEN_CACHE_DIR": str(tmp_path / "c")}
+    proc = subprocess.run([sys.executable, "-c", BEATEN_AT_START, "mcp", "--data-dir", str(tmp_path / "d"),
+                           "--api-key", key["api_key"]], input=b'{"jsonrpc": "2.0", "id": 9, "method": "ping"}\n',
+                          capture_output=True, timeout=120, env=env)
+    assert [json.loads(line)["id"] for line in proc.stdout.splitlines()] == [9]
+    assert proc.returncode == 0 and b"at start failed" in proc.stderr and b"Traceback" not in proc.stderr
