@@ -272,3 +272,7 @@ def serve(service, sock: socket.socket, *, host: str, workers: int, log_level: s
         Multiprocess(config, sockets=[sock]).run()
     finally:
         sock.close()
+        # its servers are stopped and joined: their cache directories go with
+        # them. A server's own exit does not remove its directory when it is
+        # stopped by the supervisor's SIGTERM, which follows Ctrl-C's SIGINT
+        remove_dead_server_dirs(service.settings.cache_dir)

@@ -520,6 +520,21 @@ def test_a_killed_server_process_is_replaced_and_its_cache_directory_removed(tmp
         assert not (data / "cache" / f"{SERVE_DIR_PREFIX}{victim}.lock").exists()
 
 
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_a_stopped_titen_serve_leaves_no_server_cache_directory(tmp_path, stop):
+    # the supervisor's SIGTERM to its servers, after Ctrl-C, ended them
+    # before their own exit could remove their directories
+    data = tmp_path / "titen"
+
+    def serve_dirs():
+        return [n for n in os.listdir(data / "cache") if n.startswith(SERVE_DIR_PREFIX)]
+    with Served(data, extra_args=["--workers", "2"]) as served:
+        assert _wait(lambda: len([n for n in serve_dirs() if (data / "cache" / n).is_dir()]) == 2)
+        served.process.send_signal(stop)  # the supervisor alone
+        assert served.process.wait(60) is not None
+    assert serve_dirs() == []
+
+
 def test_the_server_processes_end_when_the_supervisor_is_killed(tmp_path):
     with Served(tmp_path / "titen", extra_args=["--workers", "2"]) as served:
         assert _wait(lambda: len(_servers(served.pid)) == 2)
