@@ -446,18 +446,10 @@ def test_titen_mcp_at_exit_builds_its_organization_when_a_stored_write_never_ask
     from core.service import Service
 
     settings = Settings.from_env(data_dir=str(tmp_path))
-    writer = Service(settings)  # stores, asks for no rebuild
-    key = writer.keys.create("acme", "alice", ["memory:write", "context:compile"], [])
-    principal = writer.keys.authenticate("Bearer " + key["api_key"])
-    writer.rebuild("acme")
-    writer.write(principal, "POST /v1/observations", {}, {
-        "subject_id": "user_rama", "kind": "tool_result", "content": "Smoke passed.",
-        "source": {"type": "tool", "ref": "t#1"}, "visibility": "organization",
-        "claim": {"statement": "Smoke passed on Friday.", "kind": "episodic_event", "confidence": 0.9}}, None)
+    _write_after_a_publish(Service(settings))  # stores, asks for no rebuild
     exiting = Service(settings, auto_rebuild=True)  # the titen mcp process: nothing pending
     assert _finish_rebuilds(exiting, "acme") == []
-    pointer = json.loads((tmp_path / "orgs" / "acme" / "snapshots" / "current.json").read_text())
-    assert pointer["claim_count"] == 1
+    assert _published_claims(tmp_path) == 1
 
 
 def test_titen_mcp_at_exit_tries_again_a_rebuild_another_process_beat(tmp_path, monkeypatch):
@@ -468,15 +460,8 @@ def test_titen_mcp_at_exit_tries_again_a_rebuild_another_process_beat(tmp_path, 
     from core.errors import Conflict
     from core.service import Service
 
-    settings = Settings.from_env(data_dir=str(tmp_path))
-    service = Service(settings, auto_rebuild=True)
-    key = service.keys.create("acme", "alice", ["memory:write"], [])
-    principal = service.keys.authenticate("Bearer " + key["api_key"])
-    service.rebuild("acme")
-    service.write(principal, "POST /v1/observations", {}, {
-        "subject_id": "user_rama", "kind": "tool_result", "content": "Smoke passed.",
-        "source": {"type": "tool", "ref": "t#1"}, "visibility": "organization",
-        "claim": {"statement": "Smoke passed on Friday.", "kind": "episodic_event", "confidence": 0.9}}, None)
+    service = Service(Settings.from_env(data_dir=str(tmp_path)), auto_rebuild=True)
+    _write_after_a_publish(service)  # its rebuild now pending
     rebuild, beaten = service.rebuild, []
 
     def beaten_twice(org_id, **kwargs):
@@ -486,5 +471,18 @@ def test_titen_mcp_at_exit_tries_again_a_rebuild_another_process_beat(tmp_path, 
         return rebuild(org_id, **kwargs)
     monkeypatch.setattr(service, "rebuild", beaten_twice)
     assert _finish_rebuilds(service, "acme") == []
-    pointer = json.loads((tmp_path / "orgs" / "acme" / "snapshots" / "current.json").read_text())
-    assert beaten == ["acme", "acme"] and pointer["claim_count"] == 1
+    assert beaten == ["acme", "acme"] and _published_claims(tmp_path) == 1
+
+
+def _write_after_a_publish(service) -> None:
+    """acme published empty, then one observation with a claim written through ``service``."""
+    key = service.keys.create("acme", "alice", ["memory:write"], [])
+    service.rebuild("acme")
+    service.write(service.keys.authenticate("Bearer " + key["api_key"]), "POST /v1/observations", {}, {
+        "subject_id": "user_rama", "kind": "tool_result", "content": "Smoke passed.",
+        "source": {"type": "tool", "ref": "t#1"}, "visibility": "organization",
+        "claim": {"statement": "Smoke passed on Friday.", "kind": "episodic_event", "confidence": 0.9}}, None)
+
+
+def _published_claims(data_dir) -> int:
+    return json.loads((data_dir / "orgs" / "acme" / "snapshots" / "current.json").read_text())["claim_count"]
