@@ -40,14 +40,22 @@ def _existing_service(args, **kw):
     changes what is there (rebuild, snapshots, erasures, keys revoke) never
     makes an empty store of a mistyped ``--data-dir``."""
     settings = _settings(args)
+    missing = _missing_store(settings)
+    if missing is not None:
+        raise missing
+    from core.service import Service
+    return Service(settings, **kw)
+
+
+def _missing_store(settings: Settings) -> TitenError | None:
+    """NotFound when the store is a local directory that does not exist."""
     url = settings.store_url
     if not url.startswith("s3://"):  # file://DIR or a bare path, as core.storage.open_store reads it
         root = url[len("file://"):] if url.startswith("file://") else url
         if not os.path.isdir(root):
             from core.errors import NotFound
-            raise NotFound(f"no store at {root}: nothing was ever written there (a mistyped --data-dir?)")
-    from core.service import Service
-    return Service(settings, **kw)
+            return NotFound(f"no store at {root}: nothing was ever written there (a mistyped --data-dir?)")
+    return None
 
 
 def default_workers() -> int:
@@ -167,17 +175,14 @@ def _mcp_key_refusal(settings: Settings, api_key: str) -> TitenError | None:
     """Why ``titen mcp`` on this store cannot act as ``api_key``, checked
     before anything is made there (a cache directory, a held server
     directory): no store at a local path, or a key it does not know."""
-    from core.errors import NotFound
     from core.keys import KeyRing
     from core.storage import open_store
 
-    url = settings.store_url
-    if not url.startswith("s3://"):
-        root = url[len("file://"):] if url.startswith("file://") else url
-        if not os.path.isdir(root):
-            return NotFound(f"no store at {root}: nothing was ever written there (a mistyped --data-dir?)")
+    missing = _missing_store(settings)
+    if missing is not None:
+        return missing
     try:
-        KeyRing(open_store(url)).authenticate("Bearer " + api_key)
+        KeyRing(open_store(settings.store_url)).authenticate("Bearer " + api_key)
     except TitenError as exc:
         return exc
     return None

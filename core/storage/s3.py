@@ -98,8 +98,8 @@ def _within_deadline(request=None, **_) -> None:
         return
     attempt = ((getattr(request, "context", None) or {}).get("retries") or {}).get("attempt", 1)
     if left <= 0 or (attempt > 1 and left < ATTEMPT_SECONDS):
-        raise deadline.DeadlinePassed(f"S3 did not answer in the request's time ({max(left, 0):.1f} s left before "
-                             f"attempt {attempt}); retry shortly")
+        raise deadline.DeadlinePassed(f"S3 did not answer in the request's time ({max(left, 0):.1f} s left "
+                                      f"before attempt {attempt}); retry shortly")
 
 
 def _error_code(e: ClientError) -> str:
