@@ -60,6 +60,11 @@ ERASED = "erased"
 # on a stub or an entry an erasure rewrote without some of its records: the
 # sha256 of each record id taken, per erasure id (core/erasure/purge.py)
 ERASED_RECORDS = "erased_records"
+# on the same: per erasure id, which of the observations and claims taken
+# were which, and which its requester could read, each by the same sha256
+# (core/erasure/purge.py): a retry that meets the entry already stubbed,
+# so never applies its records, still counts them
+ERASED_COUNTED = "erased_counted"
 
 
 def observations_in(entry: dict) -> list[dict]:

@@ -541,8 +541,8 @@ def test_the_erasure_record_in_the_ledger_is_content_free(world):
     api.rebuild(key)
     records = [json.loads(store.get(k).body) for k in store.list_keys("orgs/acme/ledger/")]
     stubs = [r for r in records if r["type"] == "erased"]
-    assert stubs and all(set(r) <= {"entry_id", "type", "org_id", "erasure_id", "erased_records", "erased_kind",
-                                    "requester_own"} for r in stubs)
+    assert stubs and all(set(r) <= {"entry_id", "type", "org_id", "erasure_id", "erased_records", "erased_counted",
+                                    "erased_kind", "requester_own"} for r in stubs)
     # a pack's or feedback's stub says only which of the two it was, and whether the requester's own
     assert {r.get("erased_kind") for r in stubs} == {None, "context_run", "feedback"}
     assert {r.get("requester_own") for r in stubs} <= {None, True}
@@ -552,6 +552,14 @@ def test_the_erasure_record_in_the_ledger_is_content_free(world):
     for by_erasure in taken:
         assert set(by_erasure) == {asked["erasure_id"]}
         assert all(re.fullmatch("[0-9a-f]{64}", h) for h in by_erasure[asked["erasure_id"]])
+    # which of them were observations and claims, and readable by the requester: the same hashes again
+    counted = [r["erased_counted"] for r in records if "erased_counted" in r]
+    assert counted
+    for by_erasure in counted:
+        assert set(by_erasure) == {asked["erasure_id"]}
+        assert set(by_erasure[asked["erasure_id"]]) == {"observations", "claims", "readable"}
+        assert all(re.fullmatch("[0-9a-f]{64}", h) for hashes in by_erasure[asked["erasure_id"]].values()
+                   for h in hashes)
     erasure = [r for r in records if r.get("erasure_id") == asked["erasure_id"] and r["type"] != "erased"]
     assert {r["type"] for r in erasure} == {"erasure", "erasure_complete"}
     for record in erasure:
@@ -1407,3 +1415,60 @@ def test_ledger_objects_restored_from_a_backup_are_erased_again_by_reapply(world
     assert found(world, S_MARKS + ["subj_s"]) == []
     # and what is served never had them back
     assert api.compile(key, f"{S_MARKS[1]} deploy", subject_id="subj_s").json()["data"]["items"] == []
+
+
+@pytest.mark.parametrize("store", ["s3"], indirect=True)
+@pytest.mark.parametrize("target", ["subject", "observation"])
+def test_records_no_generation_held_count_when_an_earlier_attempt_stubbed_them(world, monkeypatch, target):
+    """Written after the last rebuild and erased before the next: the first
+    attempt stubs their entries and fails before publishing, so the retry
+    reads only stubs and deletes no row. The records were still erased, and
+    the counts say so: what an uninterrupted erasure tells."""
+    api, key = world["api"], world["key"]
+    u = api.observe(key, subject_id="subj_u", content="Observed: ultramarine lemming.",
+                    claim={"statement": "The ultramarine lemming note holds.", "kind": "semantic_fact",
+                           "confidence": 0.9})
+    path = "/v1/subjects/subj_u" if target == "subject" else f"/v1/observations/{u['observation_id']}"
+    asked = erase(world, path)
+    failed = fail_once(monkeypatch, world["store"], "purge_history", lambda k: "/ledger/" in k)
+    assert api.post("/v1/admin/rebuild", b"", key).status_code != 200
+    assert failed
+    api.rebuild(key)
+    api.rebuild(key)
+    done = status(world, asked["erasure_id"]).json()["data"]
+    assert done["status"] == "complete"
+    assert (done["counts"]["observations"], done["counts"]["claims"]) == (1, 1)
+    assert found(world, ["ultramarine"]) == []
+
+
+@pytest.mark.parametrize("store", ["s3"], indirect=True)
+def test_records_no_generation_held_count_only_what_the_requester_could_read_when_an_earlier_attempt_stubbed_them(
+        world, monkeypatch):
+    """As test_a_subject_erasure_takes_records_its_requester_cannot_read_but_counts_only_what_it_could,
+    with the records written after the last rebuild and stubbed by a failed
+    first attempt: the stubs say which of them the requester could read."""
+    api, store = world["api"], world["store"]
+    alice = world["key"]
+    carol = api.key(principal="carol", scopes=ALL_SCOPES, workspaces=("ws_ops",))
+    api.observe(alice, subject_id="subj_p", content="Alice's private note.", visibility="private",
+                claim={"statement": "Alice keeps this to herself.", "kind": "preference", "confidence": 0.8})
+    api.observe(carol, subject_id="subj_p", content="Ops team note.", visibility="team", workspace_id="ws_ops",
+                claim={"statement": "The ops team knows this.", "kind": "procedural", "confidence": 0.8})
+    api.observe(alice, subject_id="subj_p", content="Everyone may read this.",
+                claim={"statement": "Everyone knows this.", "kind": "semantic_fact", "confidence": 0.8})
+    bob = api.key(principal="bob", scopes="memory:erase,context:compile", workspaces=("ws_ops",))
+    asked = api.client.delete("/v1/subjects/subj_p", headers={"authorization": bob["authorization"]})
+    assert asked.status_code == 202
+    erasure_id = asked.json()["data"]["erasure_id"]
+    failed = fail_once(monkeypatch, store, "purge_history", lambda k: "/ledger/" in k)
+    assert api.post("/v1/admin/rebuild", b"", alice).status_code != 200
+    assert failed
+    api.rebuild(alice)
+    api.rebuild(alice)
+    done = api.get(f"/v1/erasures/{erasure_id}", bob).json()["data"]
+    assert done["status"] == "complete"
+    # bob could read the team's (his workspace) and the organization-wide ones
+    assert (done["counts"]["observations"], done["counts"]["claims"]) == (2, 2)
+    outcomes = [json.loads(store.get(k).body) for k in store.list_keys("orgs/acme/ledger/")]
+    (told,) = [o for o in outcomes if o.get("type") == "erasure_complete" and o["erasure_id"] == erasure_id]
+    assert (told["counts"]["observations"], told["counts"]["claims"]) == (3, 3)

@@ -37,11 +37,13 @@ from typing import Callable, Iterable
 import apsw
 
 from core.domain import capped_trust
-from core.erasure.records import target_sha256
+from core.erasure.records import taken_hash, target_sha256
 from core.ids import entry_of, parse_id, subject_tag, tag_of, uuid7_floor_hex, uuid7_ms
 from core.layout import RUN_SUFFIX, claim_head_key, claim_heads_prefix, entry_hex_of, entry_key, ledger_prefix
-from core.ledger import ERASED, ERASED_RECORDS, MOVED, decode_entry, encode, observations_in
+from core.ledger import ERASED, ERASED_COUNTED, ERASED_RECORDS, MOVED, decode_entry, encode, observations_in
 from core.meta_table import read_meta
+from core.scope import can_read
+from core.snapshot.erase import Requester
 from core.storage import ObjectNotFound, PreconditionFailed, Store
 
 
@@ -64,6 +66,7 @@ class Target:
     runs: set[str] = field(default_factory=set)           # stubbed context ids
     subject_tag: str | None = None  # core.ids.subject_tag of the subject, recorded for reapplying
     reader: str | None = None       # the requesting principal: its counts are of what it could read
+    workspaces: tuple = ()          # ... and its workspaces, when it asked
     taken: set[str] = field(default_factory=set)  # hashes of ids an earlier attempt recorded taking (TAKEN)
 
     def __post_init__(self):
@@ -106,6 +109,13 @@ class Target:
     def takes_run(self, context_id: str | None) -> bool:
         return context_id is not None and (context_id in self.runs or self.recalled(context_id, self.runs))
 
+    def could_read(self, record: dict) -> bool:
+        """Whether the requester could read an observation or claim (as an
+        entry holds it): the counts it is told are of those."""
+        return self.reader is not None and can_read(Requester(self.reader, tuple(self.workspaces)),
+                                                     record["visibility"], record.get("workspace_id"),
+                                                     record["owner_id"])
+
     def drops_claim(self, claim: dict) -> bool:
         """A claim of the subject, or one whose every supporting observation
         this erasure takes — whenever it was written: a claim written after
@@ -132,6 +142,12 @@ class Purged:
     # stubs an earlier, interrupted attempt of the same erasure left: by the
     # counts above they add to (the erasure's counts are of everything it took)
     earlier: dict = field(default_factory=dict)
+    # the observations and claims an earlier attempt's stubs and rewrites
+    # recorded taking (``COUNTED``): by hash, (kind, whether the requester
+    # could read it). The build counts those its own deletions did not
+    # (core.snapshot.erase.Erased.count_taken_earlier): a retry that reads
+    # their entries already stubbed never applies them, so never deletes them
+    earlier_records: dict = field(default_factory=dict)
 
     def found_anything(self) -> bool:
         """Whether the ledger held anything the erasure names, in this attempt or an earlier one."""
@@ -153,10 +169,13 @@ class Purged:
 # and packs an earlier attempt's stubs no longer name, so the transitions,
 # heads, packs and citations of them still go.
 TAKEN = ERASED_RECORDS
-
-
-def taken_hash(org_id: str, record_id: str) -> str:
-    return target_sha256(org_id, "record", record_id)
+# Where the same records, per erasure, which of the observations and claims
+# were which and which the requester could read: ``{"observations": [hash],
+# "claims": [hash], "readable": [hash]}``. Two builds may carry one erasure
+# out at once; the one that loses the publish race may stub entries whose
+# records no generation holds yet, and the winner, reading those stubs,
+# would otherwise count nothing of them.
+COUNTED = ERASED_COUNTED
 
 
 # where a stub keeps the key of the Idempotency-Key record of the write it
@@ -178,6 +197,8 @@ def stub(entry: dict, erasure_id: str, reader: str | None = None) -> dict:
             out["requester_own"] = True
     if entry.get(TAKEN):  # another pending erasure's record, for its own retry
         out[TAKEN] = entry[TAKEN]
+    if entry.get(COUNTED):
+        out[COUNTED] = entry[COUNTED]
     record = (entry.get("idempotency") or {}).get("record") or entry.get(REQUEST_RECORD)
     if record:  # a hash of who wrote under which key, no content: a retry still finds the record to forget
         out[REQUEST_RECORD] = record
@@ -196,7 +217,39 @@ def rewrite(entry: dict, target: Target, trust_of: Callable[[str], str | None] =
     new = _rewrite(entry, target, trust_of)
     if new is None:
         return None
-    return _recorded(new, target, _held(entry) - _held(new))
+    return _counted(_recorded(new, target, _held(entry) - _held(new)), entry, target)
+
+
+def _counted(new: dict, entry: dict, target: Target) -> dict:
+    """``new`` recording (``COUNTED``) the observations and claims created
+    in ``entry`` that it no longer holds, with what an earlier attempt of
+    the same erasure recorded there."""
+    kept = _held(new)
+    claims = list(entry.get("claims", [])) + ([entry["new_claim"]] if entry.get("new_claim") else [])
+    taken = [("observations", o["observation_id"], o) for o in observations_in(entry)
+             if o["observation_id"] not in kept]
+    taken += [("claims", c["claim_id"], c) for c in claims if c["claim_id"] not in kept]
+    if not taken:
+        return new
+    earlier = (entry.get(COUNTED) or {}).get(target.erasure_id) or {}
+    counted = {kind: set(earlier.get(kind, ())) for kind in ("observations", "claims", "readable")}
+    for kind, record_id, record in taken:
+        sha = taken_hash(target.org_id, record_id)
+        counted[kind].add(sha)
+        if target.could_read(record):
+            counted["readable"].add(sha)
+    return dict(new, **{COUNTED: {**new.get(COUNTED, {}),
+                                  target.erasure_id: {kind: sorted(v) for kind, v in counted.items()}}})
+
+
+def recall_counted(entry: dict, target: Target, into: dict) -> None:
+    """Add to ``into`` (``Purged.earlier_records``) what an earlier attempt
+    of ``target`` recorded taking from ``entry`` (``COUNTED``)."""
+    counted = (entry.get(COUNTED) or {}).get(target.erasure_id) or {}
+    readable = set(counted.get("readable", ()))
+    for kind in ("observations", "claims"):
+        for sha in counted.get(kind, ()):
+            into[sha] = (kind, sha in readable)
 
 
 def _recorded(new: dict, target: Target, ids: set[str]) -> dict:
@@ -377,6 +430,7 @@ class LedgerPurge:
                 if entry.get("type") in INERT_TYPES:
                     self._inert.add(key)
                     continue
+                recall_counted(entry, target, self.purged.earlier_records)
                 new = rewrite(entry, target, self._trust_of)
                 if new is not None:
                     writes.append((key, etag, new))

@@ -29,6 +29,11 @@ def target_sha256(org_id: str, target: str, target_id: str) -> str:
     return hashlib.sha256(f"{org_id}\n{target}\n{target_id}".encode()).hexdigest()
 
 
+def taken_hash(org_id: str, record_id: str) -> str:
+    """The hash a stub keeps of each record id an erasure took from its entry."""
+    return target_sha256(org_id, "record", record_id)
+
+
 def encode(record: dict) -> bytes:
     return json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
 

@@ -32,7 +32,7 @@ def target_of(record: dict) -> Target:
     """The target of an erasure's status object (its id only while pending)."""
     return Target(record["erasure_id"], record["target"], record["org_id"], record["target_sha256"],
                   target_id=record.get("pending_target"), subject_tag=record.get("subject_tag"),
-                  reader=record.get("requested_by"))
+                  reader=record.get("requested_by"), workspaces=tuple(record.get("requested_workspaces") or ()))
 
 
 def requester_of(record: dict) -> Requester:
@@ -133,6 +133,13 @@ class ErasureWork:
         (``Purged.taken``); empty when it carried out none."""
         purged = self.purged.get(erasure_id)
         return purged.taken() if purged is not None else {}
+
+    def taken_earlier(self, erasure_id: str) -> dict:
+        """The observations and claims an earlier attempt of ``erasure_id``
+        recorded taking from the entries this build's purge read
+        (``Purged.earlier_records``)."""
+        purged = self.purged.get(erasure_id)
+        return purged.earlier_records if purged is not None else {}
 
     def carries(self, erasure_id: str) -> bool:
         """Whether ``erasure_id`` is pending, so this build carries it out

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import apsw
 
 from core.domain import TRUST_LEVELS, capped_trust
-from core.erasure.records import target_sha256
+from core.erasure.records import taken_hash, target_sha256
 from core.ledger import observations_in
 from core.lexical import LexicalChanges
 from core.scope import can_read, reader_tag
@@ -53,6 +53,26 @@ class Erased:
     visible_embeddings: int = 0
     # statements of erased claims the requester could read (one cached vector may serve several claims)
     read_statements: set = field(default_factory=set, repr=False, compare=False)
+    # ``taken_hash`` of each observation and claim counted, so none counts twice
+    counted: set = field(default_factory=set, repr=False, compare=False)
+
+    def count_taken_earlier(self, records: dict) -> None:
+        """Count the observations and claims an earlier attempt of the same
+        erasure took from the ledger (``core.erasure.purge.Purged.
+        earlier_records``: by hash, (kind, readable)) that this build did not
+        delete: their entries were stubs when it read them, so it never
+        applied them. Without this an erasure of records no generation held
+        yet read 0 when a build racing it had stubbed them first."""
+        for sha, (kind, readable) in sorted(records.items()):
+            if sha in self.counted:
+                continue
+            self.counted.add(sha)
+            if kind == "observations":
+                self.observations += 1
+                self.visible_observations += readable
+            else:
+                self.claims += 1
+                self.visible_claims += readable
 
     def as_counts(self) -> dict:
         return {"observations": self.observations, "claims": self.claims, "feedback": self.feedback,
@@ -159,7 +179,7 @@ class Erasures:
                     self._delete_claim(claim_id, lexical)
                 self._deleted_observations(
                     "DELETE FROM observations WHERE subject_id = ? AND observation_id < ?"
-                    " RETURNING visibility, workspace_id, owner_id", (subject_id, "obs_" + limit))
+                    " RETURNING visibility, workspace_id, owner_id, observation_id", (subject_id, "obs_" + limit))
                 # a claim about the subject written after the erasure was asked
                 # is kept, but not its citations of the erased observations
                 for observation_id, in db.execute(
@@ -173,7 +193,8 @@ class Erasures:
                                       " UNION SELECT observation_id FROM claim_sources")}
         for observation_id in [o for o in ids if o < "obs_" + limit and self._hash("observation", o) == sha]:
             self._deleted_observations(
-                "DELETE FROM observations WHERE observation_id = ? RETURNING visibility, workspace_id, owner_id",
+                "DELETE FROM observations WHERE observation_id = ?"
+                " RETURNING visibility, workspace_id, owner_id, observation_id",
                 (observation_id,))
             self._unlink(observation_id, touched, lexical)
 
@@ -225,6 +246,7 @@ class Erasures:
         db.execute("DELETE FROM claims WHERE rowid = ?", (rowid,))
         self.erased.claims += 1
         self.erased.visible_claims += visible
+        self.erased.counted.add(taken_hash(self.org_id, claim_id))
         self._forget_embedding(statement, visible)
 
     def _forget_embedding(self, statement: str, visible: bool) -> None:
@@ -245,10 +267,11 @@ class Erasures:
         self.erased.visible_embeddings += dropped if visible else 0
 
     def _deleted_observations(self, sql: str, params) -> None:
-        """Run a DELETE … RETURNING visibility, workspace_id, owner_id and count its rows."""
+        """Run a DELETE … RETURNING visibility, workspace_id, owner_id, observation_id and count its rows."""
         rows = self.db.execute(sql, params).fetchall()
         self.erased.observations += len(rows)
-        self.erased.visible_observations += sum(self._readable(r) for r in rows)
+        self.erased.visible_observations += sum(self._readable(r[:3]) for r in rows)
+        self.erased.counted.update(taken_hash(self.org_id, r[3]) for r in rows)
 
     def _readable(self, row) -> bool:
         """Whether the requester of the erasure being applied could read a
