@@ -1472,3 +1472,57 @@ def test_records_no_generation_held_count_only_what_the_requester_could_read_whe
     outcomes = [json.loads(store.get(k).body) for k in store.list_keys("orgs/acme/ledger/")]
     (told,) = [o for o in outcomes if o.get("type") == "erasure_complete" and o["erasure_id"] == erasure_id]
     assert (told["counts"]["observations"], told["counts"]["claims"]) == (3, 3)
+
+
+@pytest.mark.parametrize("store", ["s3"], indirect=True)
+@pytest.mark.parametrize("interrupted", [False, True], ids=["one attempt", "retried after a failed attempt"])
+def test_a_key_with_fewer_workspaces_is_told_only_of_the_packs_and_feedback_it_could_read(
+        world, monkeypatch, interrupted):
+    """A pack is read by its principal through a key holding at least the
+    workspaces of the key that compiled it (docs/api.md §6), so an erasure
+    asked with a narrower key is told neither of a wider key's pack nor of
+    the feedback sent on it; both go all the same."""
+    api = world["api"]
+    wide = api.key(scopes=ALL_SCOPES + ",memory:erase", workspaces=("ws_a", "ws_b"))
+    narrow = api.key(scopes=ALL_SCOPES + ",memory:erase", workspaces=("ws_a",))
+    api.observe(wide, subject_id="subj_w", content="Observed: saffron heron.",
+                claim={"statement": "The saffron heron note holds.", "kind": "semantic_fact", "confidence": 0.9})
+    api.rebuild(wide)
+    wide_pack = api.compile(wide, "saffron heron", subject_id="subj_w", at=AT).json()["data"]
+    narrow_pack = api.compile(narrow, "saffron heron", subject_id="subj_w", at=AT).json()["data"]
+    assert wide_pack["items"] and narrow_pack["items"]
+    assert api.get(f"/v1/context/{wide_pack['context_id']}", narrow).status_code == 404
+    for pack, key in ((wide_pack, wide), (narrow_pack, narrow)):
+        sent = api.post(f"/v1/context/{pack['context_id']}/feedback",
+                        {"outcome": "useful", "claim_id": pack["items"][0]["claim_id"]}, key)
+        assert sent.status_code == 201, sent.text
+    asked = api.client.delete("/v1/subjects/subj_w", headers={"authorization": narrow["authorization"]})
+    assert asked.status_code == 202
+    erasure_id = asked.json()["data"]["erasure_id"]
+    if interrupted:
+        failed = fail_once(monkeypatch, world["store"], "purge_history", lambda k: "/ledger/" in k)
+        assert api.post("/v1/admin/rebuild", b"", wide).status_code != 200
+        assert failed
+    api.rebuild(wide)
+    api.rebuild(wide)
+    done = api.get(f"/v1/erasures/{erasure_id}", narrow).json()["data"]
+    assert done["status"] == "complete"
+    assert (done["counts"]["context_runs"], done["counts"]["feedback"]) == (1, 1)
+    for pack, key in ((wide_pack, wide), (narrow_pack, narrow)):
+        assert api.get(f"/v1/context/{pack['context_id']}", key).status_code == 404
+    outcomes = [json.loads(world["store"].get(k).body) for k in world["store"].list_keys("orgs/acme/ledger/")]
+    (told,) = [o for o in outcomes if o.get("type") == "erasure_complete" and o["erasure_id"] == erasure_id]
+    assert (told["counts"]["context_runs"], told["counts"]["feedback"]) == (2, 2)
+
+
+def test_erasures_pending_together_count_each_record_once_in_the_earliest_asked(world):
+    api, key = world["api"], world["key"]
+    api.observe(key, subject_id="subj_o", content="Observed: cobalt marmot.",
+                claim={"statement": "The cobalt marmot note holds.", "kind": "semantic_fact", "confidence": 0.9})
+    api.rebuild(key)
+    first = erase(world, "/v1/subjects/subj_o")
+    second = erase(world, "/v1/subjects/subj_o")
+    api.rebuild(key)
+    counts = [status(world, e["erasure_id"]).json()["data"]["counts"] for e in (first, second)]
+    assert (counts[0]["observations"], counts[0]["claims"]) == (1, 1)
+    assert (counts[1]["observations"], counts[1]["claims"]) == (0, 0)

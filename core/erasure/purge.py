@@ -116,6 +116,18 @@ class Target:
                                                      record["visibility"], record.get("workspace_id"),
                                                      record["owner_id"])
 
+    def owns(self, entry: dict) -> bool:
+        """Whether the requester could read a context run, or the pack a
+        feedback entry was sent on (core.compile.record.context_run's rule:
+        its own principal, through a key holding at least the workspaces of
+        the key that compiled it): the packs and feedback it is told of.
+        Feedback written before it recorded its pack's workspaces is told
+        to the principal that sent it."""
+        workspaces = (entry.get("scope") or {}).get("workspaces") if entry.get("type") == "context_run" \
+            else entry.get("pack_workspaces")
+        return (self.reader is not None and entry.get("actor") == self.reader
+                and set(workspaces or ()) <= set(self.workspaces))
+
     def drops_claim(self, claim: dict) -> bool:
         """A claim of the subject, or one whose every supporting observation
         this erasure takes — whenever it was written: a claim written after
@@ -185,15 +197,16 @@ REQUEST_RECORD = "idempotency_record"
 
 # what a stub of a pack or of feedback says of it, so that a retry of an
 # interrupted erasure still counts it: its kind, and whether the requester
-# compiled or sent it (the counts an erasure reports are of the requester's own)
+# could read the pack (``Target.owns``: the counts an erasure reports are of those)
 COUNTED_KINDS = ("context_run", "feedback")
 
 
-def stub(entry: dict, erasure_id: str, reader: str | None = None) -> dict:
+def stub(entry: dict, erasure_id: str, own: bool = False) -> dict:
+    """``own``: a pack or feedback the requester could read (``Target.owns``)."""
     out = {"entry_id": entry["entry_id"], "type": ERASED, "org_id": entry.get("org_id"), "erasure_id": erasure_id}
     if entry.get("type") in COUNTED_KINDS:
         out["erased_kind"] = entry["type"]
-        if reader is not None and entry.get("actor") == reader:
+        if own:
             out["requester_own"] = True
     if entry.get(TAKEN):  # another pending erasure's record, for its own retry
         out[TAKEN] = entry[TAKEN]
@@ -263,7 +276,7 @@ def stub_run(entry: dict, target: Target) -> dict:
     """The stub of a context run (its id recorded, for the feedback on it)
     or of feedback on a whole pack."""
     ids = {entry["context_id"]} if entry.get("type") == "context_run" else set()
-    return _recorded(stub(entry, target.erasure_id, target.reader), target, ids)
+    return _recorded(stub(entry, target.erasure_id, target.owns(entry)), target, ids)
 
 
 def recall(entry: dict, target: Target) -> None:
@@ -326,7 +339,7 @@ def _rewrite(entry: dict, target: Target, trust_of: Callable[[str], str | None])
         return None
     if kind == "feedback":
         if target.takes_claim(entry.get("claim_id")) or target.takes_run(entry.get("context_id")):
-            return stub(entry, target.erasure_id, target.reader)
+            return stub(entry, target.erasure_id, target.owns(entry))
         return None
     return None
 
@@ -664,7 +677,7 @@ class LedgerPurge:
 
     def _count_feedback(self, entry: dict, target: Target) -> None:
         self.purged.feedback_entries += 1
-        if target.reader is not None and entry.get("actor") == target.reader:
+        if target.owns(entry):
             self.purged.visible_feedback_entries += 1
 
     def _replace(self, key: str, etag: str, new: dict, redo: Callable[[dict], dict | None]) -> None:
@@ -733,7 +746,7 @@ class LedgerPurge:
                 writes.append((key, etag, stub_run(entry, target)))
                 self._keyed(entry)
                 self.purged.context_runs += 1
-                if target.reader is not None and entry.get("actor") == target.reader:
+                if target.owns(entry):
                     self.purged.visible_context_runs += 1
         for key, etag, entry in feedback:  # feedback on a whole pack: it goes with its run
             if target.takes_run(entry.get("context_id")):

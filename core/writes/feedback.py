@@ -47,7 +47,10 @@ class FeedbackDesk:
         attempt.claim(entry_key(principal.org_id, hex_, suffix))
         self.ledger.append(principal.org_id, "feedback", {
             "feedback_id": feedback_id, "context_id": context_id, "claim_id": claim_id,
-            "outcome": outcome, "reason_code": reason_code, **attempt.answer(201, result)},
+            "outcome": outcome, "reason_code": reason_code,
+            # who may read the pack: an erasure tells of this feedback only a key that could
+            "pack_workspaces": list(run.get("scope", {}).get("workspaces", ())),
+            **attempt.answer(201, result)},
             actor=principal.principal_id, entry_hex=hex_, suffix=suffix)
         if claim_id:
             self.on_write(principal.org_id)
