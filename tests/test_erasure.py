@@ -1274,16 +1274,24 @@ def test_a_key_of_the_requester_with_fewer_workspaces_reads_an_erasure_as_an_unk
     assert_reads_as_unknown(api, bob_plain, erasure_id)
 
 
-def test_a_subject_erasure_takes_records_its_requester_cannot_read_but_counts_only_what_it_could(world):
-    api, store = world["api"], world["store"]
-    alice = world["key"]
-    ws = api.key(principal="carol", scopes=ALL_SCOPES, workspaces=("ws_ops",))
+def notes_of_three_visibilities(world) -> dict:
+    """About ``subj_p``: alice's private note, carol's note to the ws_ops team
+    and an organization-wide one, each with a claim; carol's key."""
+    api, alice = world["api"], world["key"]
+    carol = api.key(principal="carol", scopes=ALL_SCOPES, workspaces=("ws_ops",))
     api.observe(alice, subject_id="subj_p", content="Alice's private note.", visibility="private",
                 claim={"statement": "Alice keeps this to herself.", "kind": "preference", "confidence": 0.8})
-    api.observe(ws, subject_id="subj_p", content="Ops team note.", visibility="team", workspace_id="ws_ops",
+    api.observe(carol, subject_id="subj_p", content="Ops team note.", visibility="team", workspace_id="ws_ops",
                 claim={"statement": "The ops team knows this.", "kind": "procedural", "confidence": 0.8})
     api.observe(alice, subject_id="subj_p", content="Everyone may read this.",
                 claim={"statement": "Everyone knows this.", "kind": "semantic_fact", "confidence": 0.8})
+    return carol
+
+
+def test_a_subject_erasure_takes_records_its_requester_cannot_read_but_counts_only_what_it_could(world):
+    api, store = world["api"], world["store"]
+    alice = world["key"]
+    ws = notes_of_three_visibilities(world)
     api.rebuild(alice)
     bob = api.key(principal="bob", scopes="memory:erase,context:compile")
     asked = api.client.delete("/v1/subjects/subj_p", headers={"authorization": bob["authorization"]})
@@ -1449,13 +1457,7 @@ def test_records_no_generation_held_count_only_what_the_requester_could_read_whe
     first attempt: the stubs say which of them the requester could read."""
     api, store = world["api"], world["store"]
     alice = world["key"]
-    carol = api.key(principal="carol", scopes=ALL_SCOPES, workspaces=("ws_ops",))
-    api.observe(alice, subject_id="subj_p", content="Alice's private note.", visibility="private",
-                claim={"statement": "Alice keeps this to herself.", "kind": "preference", "confidence": 0.8})
-    api.observe(carol, subject_id="subj_p", content="Ops team note.", visibility="team", workspace_id="ws_ops",
-                claim={"statement": "The ops team knows this.", "kind": "procedural", "confidence": 0.8})
-    api.observe(alice, subject_id="subj_p", content="Everyone may read this.",
-                claim={"statement": "Everyone knows this.", "kind": "semantic_fact", "confidence": 0.8})
+    notes_of_three_visibilities(world)
     bob = api.key(principal="bob", scopes="memory:erase,context:compile", workspaces=("ws_ops",))
     asked = api.client.delete("/v1/subjects/subj_p", headers={"authorization": bob["authorization"]})
     assert asked.status_code == 202

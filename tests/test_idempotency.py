@@ -178,6 +178,19 @@ def test_an_integer_written_as_a_float_is_the_same_request(api, first, retry):
     assert api.ledger_keys() == stored
 
 
+def test_a_fraction_a_float_rounds_away_is_not_the_whole_number_it_rounds_to(api):
+    # api.md §4: 1.00000000000000000001 is no integer, though a float reads it as 1
+    key = api.key()
+    claim = _claim(api, key)
+    answer = api.post(f"/v1/claims/{claim}/revoke", json.dumps({"expected_version": 1}), keyed(key, "k"))
+    assert answer.status_code == 200, answer.text
+    stored = api.ledger_keys()
+    again = api.post(f"/v1/claims/{claim}/revoke", '{"expected_version": 1.00000000000000000001}', keyed(key, "k"))
+    assert again.status_code == 409, again.text
+    assert again.json()["error"]["code"] == "CONFLICT"
+    assert api.ledger_keys() == stored
+
+
 def test_a_confidence_of_one_written_either_way_is_the_same_request(api):
     key = api.key()
     one = {**OBSERVATION, "claim": {**OBSERVATION["claim"], "confidence": 1}}

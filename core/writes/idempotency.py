@@ -45,6 +45,7 @@ from core.keys import Principal
 from core.layout import IDEMPOTENCY_TTL_SECONDS, idempotency_key
 from core.ledger import ERASED, ERASED_RECORDS, Ledger
 from core.storage import ObjectNotFound, PreconditionFailed, Store
+from core.validation import RoundedToWhole
 
 TTL_SECONDS = IDEMPOTENCY_TTL_SECONDS
 HEADER = "Idempotency-Key"
@@ -64,12 +65,15 @@ def _as_read(value, *, integral_floats: bool = True):
     """The body as the service reads it (docs/api.md §4), so a retry that
     says the same thing another way is the same request: a member set to null
     is absent, and a number is its value (``1.0`` and ``1e0`` are ``1``; JSON
-    has one number type, and float-only encoders write every number so)."""
+    has one number type, and float-only encoders write every number so;
+    ``1.00000000000000000001`` is not)."""
     if isinstance(value, dict):
         return {k: _as_read(v, integral_floats=integral_floats) for k, v in value.items() if v is not None}
     if isinstance(value, list):
         return [_as_read(v, integral_floats=integral_floats) for v in value]
-    if integral_floats and isinstance(value, float) and value.is_integer():
+    # (not a fraction a float rounded away: the validator reads that as no
+    # integer, so it is another request than the whole number, §4)
+    if integral_floats and isinstance(value, float) and value.is_integer() and not isinstance(value, RoundedToWhole):
         return int(value)
     return value
 
