@@ -191,6 +191,19 @@ def test_a_fraction_a_float_rounds_away_is_not_the_whole_number_it_rounds_to(api
     assert api.ledger_keys() == stored
 
 
+def test_a_confidence_a_float_rounds_to_one_is_the_same_request_as_one(api):
+    # api.md §4: a number field takes 0.99999999999999999999 as the float it rounds to, 1.0
+    key = api.key()
+    one = {**OBSERVATION, "claim": {**OBSERVATION["claim"], "confidence": 1}}
+    first = api.post("/v1/observations", json.dumps(one), keyed(key, "k")).json()
+    stored = api.ledger_keys()
+    rounds_to_one = json.dumps(one).replace('"confidence": 1', '"confidence": 0.99999999999999999999')
+    again = api.post("/v1/observations", rounds_to_one, keyed(key, "k"))
+    assert again.status_code == 201, again.text
+    assert again.json()["data"] == first["data"] and again.json()["meta"]["idempotent_replay"] is True
+    assert api.ledger_keys() == stored
+
+
 def test_a_confidence_of_one_written_either_way_is_the_same_request(api):
     key = api.key()
     one = {**OBSERVATION, "claim": {**OBSERVATION["claim"], "confidence": 1}}

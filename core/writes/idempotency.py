@@ -45,6 +45,7 @@ from core.keys import Principal
 from core.layout import IDEMPOTENCY_TTL_SECONDS, idempotency_key
 from core.ledger import ERASED, ERASED_RECORDS, Ledger
 from core.storage import ObjectNotFound, PreconditionFailed, Store
+from core.bodies import SUPERSEDE, TRANSITION, Integer
 from core.validation import RoundedToWhole
 
 TTL_SECONDS = IDEMPOTENCY_TTL_SECONDS
@@ -61,25 +62,34 @@ def parse_key(value: str | None) -> str | None:
     return value
 
 
-def _as_read(value, *, integral_floats: bool = True):
+# The members a write body reads as integers (core.bodies; all at the top of
+# a transition's body). There a number whose fraction a float rounds away
+# (``1.00000000000000000001``) is no integer, so another request than the
+# whole number; in a number field (``confidence``) or free metadata it is
+# the float it rounds to (docs/api.md §4).
+INTEGER_MEMBERS = frozenset(name for record in (TRANSITION, SUPERSEDE)
+                            for name, spec in record.fields.items() if isinstance(spec, Integer))
+
+
+def _as_read(value, *, integral_floats: bool = True, integer_member: bool = False, top: bool = False):
     """The body as the service reads it (docs/api.md §4), so a retry that
     says the same thing another way is the same request: a member set to null
     is absent, and a number is its value (``1.0`` and ``1e0`` are ``1``; JSON
-    has one number type, and float-only encoders write every number so;
-    ``1.00000000000000000001`` is not)."""
+    has one number type, and float-only encoders write every number so)."""
     if isinstance(value, dict):
-        return {k: _as_read(v, integral_floats=integral_floats) for k, v in value.items() if v is not None}
+        return {k: _as_read(v, integral_floats=integral_floats, integer_member=top and k in INTEGER_MEMBERS)
+                for k, v in value.items() if v is not None}
     if isinstance(value, list):
         return [_as_read(v, integral_floats=integral_floats) for v in value]
-    # (not a fraction a float rounded away: the validator reads that as no
-    # integer, so it is another request than the whole number, §4)
-    if integral_floats and isinstance(value, float) and value.is_integer() and not isinstance(value, RoundedToWhole):
+    if integer_member and isinstance(value, RoundedToWhole):
+        return value  # hashed as a float: not the integer it rounds to
+    if integral_floats and isinstance(value, float) and value.is_integer():
         return int(value)
     return value
 
 
 def request_hash(params: dict, body, *, integral_floats: bool = True) -> str:
-    text = json.dumps({"params": params, "body": _as_read(body, integral_floats=integral_floats)},
+    text = json.dumps({"params": params, "body": _as_read(body, integral_floats=integral_floats, top=True)},
                       sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
 
