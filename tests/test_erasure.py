@@ -557,8 +557,9 @@ def test_the_erasure_record_in_the_ledger_is_content_free(world):
     assert counted
     for by_erasure in counted:
         assert set(by_erasure) == {asked["erasure_id"]}
-        assert set(by_erasure[asked["erasure_id"]]) == {"observations", "claims", "readable"}
-        assert all(re.fullmatch("[0-9a-f]{64}", h) for hashes in by_erasure[asked["erasure_id"]].values()
+        assert set(by_erasure[asked["erasure_id"]]) <= {"readable_observations", "other_observations",
+                                                        "readable_claims", "other_claims"}
+        assert all(re.fullmatch("[0-9a-f]{16}", h) for hashes in by_erasure[asked["erasure_id"]].values()
                    for h in hashes)
     erasure = [r for r in records if r.get("erasure_id") == asked["erasure_id"] and r["type"] != "erased"]
     assert {r["type"] for r in erasure} == {"erasure", "erasure_complete"}
@@ -1477,7 +1478,9 @@ def test_records_no_generation_held_count_only_what_the_requester_could_read_whe
 
 
 @pytest.mark.parametrize("store", ["s3"], indirect=True)
-@pytest.mark.parametrize("interrupted", [False, True], ids=["one attempt", "retried after a failed attempt"])
+@pytest.mark.parametrize("interrupted", [None, "/ledger/", ".run.json"],
+                         ids=["one attempt", "retried after an attempt failed", "retried after an attempt failed "
+                                                                                "stubbing the packs"])
 def test_a_key_with_fewer_workspaces_is_told_only_of_the_packs_and_feedback_it_could_read(
         world, monkeypatch, interrupted):
     """A pack is read by its principal through a key holding at least the
@@ -1502,7 +1505,7 @@ def test_a_key_with_fewer_workspaces_is_told_only_of_the_packs_and_feedback_it_c
     assert asked.status_code == 202
     erasure_id = asked.json()["data"]["erasure_id"]
     if interrupted:
-        failed = fail_once(monkeypatch, world["store"], "purge_history", lambda k: "/ledger/" in k)
+        failed = fail_once(monkeypatch, world["store"], "purge_history", lambda k: interrupted in k)
         assert api.post("/v1/admin/rebuild", b"", wide).status_code != 200
         assert failed
     api.rebuild(wide)
@@ -1528,3 +1531,51 @@ def test_erasures_pending_together_count_each_record_once_in_the_earliest_asked(
     counts = [status(world, e["erasure_id"]).json()["data"]["counts"] for e in (first, second)]
     assert (counts[0]["observations"], counts[0]["claims"]) == (1, 1)
     assert (counts[1]["observations"], counts[1]["claims"]) == (0, 0)
+
+
+@pytest.mark.parametrize("listed", [True, False], ids=["written before the build listed the ledger",
+                                                     "written after the build listed it, before its purge"])
+def test_a_claim_citing_only_erased_evidence_counts_whenever_the_build_met_it(world, monkeypatch, listed):
+    """A claim written while an observation's erasure is pending, citing
+    only that observation, goes with it. Written after the build listed the
+    new entries, it is stubbed by the build's purge (which lists the ledger
+    again) and never applied by that build: it counts all the same."""
+    from core.erasure.work import ErasureWork
+    api, key = world["api"], world["key"]
+    gone = api.observe(key, subject_id="subj_x", content="Evidence to forget.")
+    api.rebuild(key)
+    asked = erase(world, f"/v1/observations/{gone['observation_id']}")
+
+    def consolidate():
+        late = api.post("/v1/consolidations", {"subject_id": "subj_x", "claims": [
+            {"statement": "Written while the erasure was pending.", "kind": "semantic_fact", "confidence": 0.9,
+             "sources": [{"observation_id": gone["observation_id"], "relation": "supports"}]}]}, key)
+        assert late.status_code == 201, late.text
+
+    if listed:
+        consolidate()
+    else:
+        real = ErasureWork.purge
+
+        def consolidate_then_purge(self, db):
+            consolidate()
+            return real(self, db)
+        monkeypatch.setattr(ErasureWork, "purge", consolidate_then_purge)
+    api.rebuild(key)
+    done = status(world, asked["erasure_id"]).json()["data"]
+    assert done["status"] == "complete"
+    assert (done["counts"]["observations"], done["counts"]["claims"]) == (1, 1)
+
+
+def test_a_record_another_erasure_of_the_build_deleted_is_not_counted_again_from_the_ledger():
+    """Erasures pending together may name one record: the purge takes it for
+    one, the snapshot may delete it for another (they go in different
+    orders); it counts once."""
+    from core.snapshot.erase import Erased
+    other, this = Erased(), Erased()
+    other.counted.add("a" * 16)  # deleted from the snapshot for the other erasure
+    deleted = set(other.counted)
+    this.count_taken({"a" * 16: ("observations", True), "b" * 16: ("claims", True),
+                      "c" * 16: ("claims", False)}, deleted)
+    assert (this.observations, this.claims, this.visible_observations, this.visible_claims) == (0, 2, 0, 1)
+    assert deleted == {"a" * 16, "b" * 16, "c" * 16}

@@ -37,7 +37,7 @@ from typing import Callable, Iterable
 import apsw
 
 from core.domain import capped_trust
-from core.erasure.records import taken_hash, target_sha256
+from core.erasure.records import counted_hash, taken_hash, target_sha256
 from core.ids import entry_of, parse_id, subject_tag, tag_of, uuid7_floor_hex, uuid7_ms
 from core.layout import RUN_SUFFIX, claim_head_key, claim_heads_prefix, entry_hex_of, entry_key, ledger_prefix
 from core.ledger import ERASED, ERASED_COUNTED, ERASED_RECORDS, MOVED, decode_entry, encode, observations_in
@@ -154,12 +154,13 @@ class Purged:
     # stubs an earlier, interrupted attempt of the same erasure left: by the
     # counts above they add to (the erasure's counts are of everything it took)
     earlier: dict = field(default_factory=dict)
-    # the observations and claims an earlier attempt's stubs and rewrites
-    # recorded taking (``COUNTED``): by hash, (kind, whether the requester
-    # could read it). The build counts those its own deletions did not
-    # (core.snapshot.erase.Erased.count_taken_earlier): a retry that reads
-    # their entries already stubbed never applies them, so never deletes them
-    earlier_records: dict = field(default_factory=dict)
+    # the observations and claims the erasure took from the ledger, in this
+    # attempt or an earlier one (``COUNTED``): by short hash, (kind, whether
+    # the requester could read it). The build counts those no deletion of
+    # its own did (core.snapshot.erase.Erased.count_taken): a build never
+    # applies a record whose entry it read already stubbed (by an earlier
+    # attempt, or a build racing it) or listed after it began
+    taken_records: dict = field(default_factory=dict)
 
     def found_anything(self) -> bool:
         """Whether the ledger held anything the erasure names, in this attempt or an earlier one."""
@@ -182,12 +183,17 @@ class Purged:
 # heads, packs and citations of them still go.
 TAKEN = ERASED_RECORDS
 # Where the same records, per erasure, which of the observations and claims
-# were which and which the requester could read: ``{"observations": [hash],
-# "claims": [hash], "readable": [hash]}``. Two builds may carry one erasure
-# out at once; the one that loses the publish race may stub entries whose
-# records no generation holds yet, and the winner, reading those stubs,
-# would otherwise count nothing of them.
+# were which and which the requester could read, each once, by the first 16
+# hex digits of the same hash (``counted_hash``; enough to tell a build's
+# records apart, a quarter of the size): ``{"readable_observations",
+# "other_observations", "readable_claims", "other_claims"}``, each present
+# when not empty. Two builds may carry one erasure out at once; the one that
+# loses the publish race may stub entries whose records no generation holds
+# yet, and the winner, reading those stubs, would otherwise count nothing of
+# them.
 COUNTED = ERASED_COUNTED
+COUNTED_LISTS = {("observations", True): "readable_observations", ("observations", False): "other_observations",
+                 ("claims", True): "readable_claims", ("claims", False): "other_claims"}
 
 
 # where a stub keeps the key of the Idempotency-Key record of the write it
@@ -230,46 +236,45 @@ def rewrite(entry: dict, target: Target, trust_of: Callable[[str], str | None] =
     new = _rewrite(entry, target, trust_of)
     if new is None:
         return None
-    return _counted(_recorded(new, target, _held(entry) - _held(new)), entry, target)
+    taken = _held(entry) - _held(new)
+    return _counted(_recorded(new, target, taken), entry, target, taken)
 
 
-def _counted(new: dict, entry: dict, target: Target) -> dict:
-    """``new`` recording (``COUNTED``) the observations and claims created
-    in ``entry`` that it no longer holds, with what an earlier attempt of
-    the same erasure recorded there."""
-    kept = _held(new)
+def _counted(new: dict, entry: dict, target: Target, taken: set[str]) -> dict:
+    """``new`` recording (``COUNTED``) which of the ids it no longer holds
+    (``taken``) were observations and claims created in ``entry``, and which
+    the requester could read, with what an earlier attempt of the same
+    erasure recorded there."""
     claims = list(entry.get("claims", [])) + ([entry["new_claim"]] if entry.get("new_claim") else [])
-    taken = [("observations", o["observation_id"], o) for o in observations_in(entry)
-             if o["observation_id"] not in kept]
-    taken += [("claims", c["claim_id"], c) for c in claims if c["claim_id"] not in kept]
-    if not taken:
+    created = [("observations", o["observation_id"], o) for o in observations_in(entry)]
+    created += [("claims", c["claim_id"], c) for c in claims]
+    created = [c for c in created if c[1] in taken]
+    if not created:
         return new
     earlier = (entry.get(COUNTED) or {}).get(target.erasure_id) or {}
-    counted = {kind: set(earlier.get(kind, ())) for kind in ("observations", "claims", "readable")}
-    for kind, record_id, record in taken:
-        sha = taken_hash(target.org_id, record_id)
-        counted[kind].add(sha)
-        if target.could_read(record):
-            counted["readable"].add(sha)
+    lists = {name: set(earlier.get(name, ())) for name in COUNTED_LISTS.values()}
+    for kind, record_id, record in created:
+        lists[COUNTED_LISTS[kind, target.could_read(record)]].add(counted_hash(target.org_id, record_id))
     return dict(new, **{COUNTED: {**new.get(COUNTED, {}),
-                                  target.erasure_id: {kind: sorted(v) for kind, v in counted.items()}}})
+                                  target.erasure_id: {name: sorted(v) for name, v in lists.items() if v}}})
 
 
 def recall_counted(entry: dict, target: Target, into: dict) -> None:
-    """Add to ``into`` (``Purged.earlier_records``) what an earlier attempt
-    of ``target`` recorded taking from ``entry`` (``COUNTED``)."""
+    """Add to ``into`` (``Purged.taken_records``) the observations and
+    claims ``entry`` records ``target`` took from it (``COUNTED``)."""
     counted = (entry.get(COUNTED) or {}).get(target.erasure_id) or {}
-    readable = set(counted.get("readable", ()))
-    for kind in ("observations", "claims"):
-        for sha in counted.get(kind, ()):
-            into[sha] = (kind, sha in readable)
+    for (kind, readable), name in COUNTED_LISTS.items():
+        for sha in counted.get(name, ()):
+            into[sha] = (kind, readable)
 
 
 def _recorded(new: dict, target: Target, ids: set[str]) -> dict:
     if not ids:
         return new
-    hashes = sorted(taken_hash(target.org_id, i) for i in ids)
-    return dict(new, **{TAKEN: {**new.get(TAKEN, {}), target.erasure_id: hashes}})
+    # with what an earlier rewrite by the same erasure recorded (a stub or
+    # a rewrite keeps the entry's ``TAKEN``)
+    hashes = set((new.get(TAKEN) or {}).get(target.erasure_id, ())) | {taken_hash(target.org_id, i) for i in ids}
+    return dict(new, **{TAKEN: {**new.get(TAKEN, {}), target.erasure_id: sorted(hashes)}})
 
 
 def stub_run(entry: dict, target: Target) -> dict:
@@ -443,8 +448,9 @@ class LedgerPurge:
                 if entry.get("type") in INERT_TYPES:
                     self._inert.add(key)
                     continue
-                recall_counted(entry, target, self.purged.earlier_records)
                 new = rewrite(entry, target, self._trust_of)
+                # what it takes now and what an earlier attempt took
+                recall_counted(entry if new is None else new, target, self.purged.taken_records)
                 if new is not None:
                     writes.append((key, etag, new))
                     self._count(entry, new, target)

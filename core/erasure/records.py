@@ -34,6 +34,13 @@ def taken_hash(org_id: str, record_id: str) -> str:
     return target_sha256(org_id, "record", record_id)
 
 
+def counted_hash(org_id: str, record_id: str) -> str:
+    """The short hash by which an erasure's counts tell records apart
+    (``erased_counted``, core/erasure/purge.py): 64 bits, no collision
+    among the records of one build to expect."""
+    return taken_hash(org_id, record_id)[:16]
+
+
 def encode(record: dict) -> bytes:
     return json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
 

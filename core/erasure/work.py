@@ -134,12 +134,11 @@ class ErasureWork:
         purged = self.purged.get(erasure_id)
         return purged.taken() if purged is not None else {}
 
-    def taken_earlier(self, erasure_id: str) -> dict:
-        """The observations and claims an earlier attempt of ``erasure_id``
-        recorded taking from the entries this build's purge read
-        (``Purged.earlier_records``)."""
+    def taken_records(self, erasure_id: str) -> dict:
+        """The observations and claims ``erasure_id`` took from the ledger,
+        in this build or an earlier attempt (``Purged.taken_records``)."""
         purged = self.purged.get(erasure_id)
-        return purged.earlier_records if purged is not None else {}
+        return purged.taken_records if purged is not None else {}
 
     def carries(self, erasure_id: str) -> bool:
         """Whether ``erasure_id`` is pending, so this build carries it out

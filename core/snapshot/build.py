@@ -356,9 +356,11 @@ class SnapshotBuilder:
             # applies every completed one again, and the generations published
             # since hold nothing those erased, so they stay (publish deletes
             # every other generation of a build that records erasures)
+            # each record once, whichever erasure's deletion counted it
+            deleted = set().union(*(erased.counted for erased in self.erasures.applied.values()))
             for erasure_id, erased in self.erasures.applied.items():
                 if self.erasure_work.carries(erasure_id):
-                    erased.count_taken_earlier(self.erasure_work.taken_earlier(erasure_id))
+                    erased.count_taken(self.erasure_work.taken_records(erasure_id), deleted)
             carried = {erasure_id: {**erased.as_counts(), "purged": self.erasure_work.taken(erasure_id)}
                        for erasure_id, erased in self.erasures.applied.items()
                        if self.erasure_work.carries(erasure_id) and erasure_id not in self.unfinished}

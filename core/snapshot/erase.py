@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import apsw
 
 from core.domain import TRUST_LEVELS, capped_trust
-from core.erasure.records import taken_hash, target_sha256
+from core.erasure.records import counted_hash, target_sha256
 from core.ledger import observations_in
 from core.lexical import LexicalChanges
 from core.scope import can_read, reader_tag
@@ -53,20 +53,22 @@ class Erased:
     visible_embeddings: int = 0
     # statements of erased claims the requester could read (one cached vector may serve several claims)
     read_statements: set = field(default_factory=set, repr=False, compare=False)
-    # ``taken_hash`` of each observation and claim counted, so none counts twice
+    # ``counted_hash`` of each observation and claim counted, so none counts twice
     counted: set = field(default_factory=set, repr=False, compare=False)
 
-    def count_taken_earlier(self, records: dict) -> None:
-        """Count the observations and claims an earlier attempt of the same
-        erasure took from the ledger (``core.erasure.purge.Purged.
-        earlier_records``: by hash, (kind, readable)) that this build did not
-        delete: their entries were stubs when it read them, so it never
-        applied them. Without this an erasure of records no generation held
-        yet read 0 when a build racing it had stubbed them first."""
+    def count_taken(self, records: dict, elsewhere: set) -> None:
+        """Count the observations and claims the same erasure took from the
+        ledger (``core.erasure.purge.Purged.taken_records``: by hash, (kind,
+        readable)) that no deletion of this build counted, here or for
+        another erasure (``elsewhere``, which this adds to): a build never
+        applies a record whose entry it read already stubbed, by an earlier
+        attempt or a build racing it, or listed after it began. Without this
+        an erasure of records no generation held yet could read 0."""
         for sha, (kind, readable) in sorted(records.items()):
-            if sha in self.counted:
+            if sha in self.counted or sha in elsewhere:
                 continue
             self.counted.add(sha)
+            elsewhere.add(sha)
             if kind == "observations":
                 self.observations += 1
                 self.visible_observations += readable
@@ -246,7 +248,7 @@ class Erasures:
         db.execute("DELETE FROM claims WHERE rowid = ?", (rowid,))
         self.erased.claims += 1
         self.erased.visible_claims += visible
-        self.erased.counted.add(taken_hash(self.org_id, claim_id))
+        self.erased.counted.add(counted_hash(self.org_id, claim_id))
         self._forget_embedding(statement, visible)
 
     def _forget_embedding(self, statement: str, visible: bool) -> None:
@@ -271,7 +273,7 @@ class Erasures:
         rows = self.db.execute(sql, params).fetchall()
         self.erased.observations += len(rows)
         self.erased.visible_observations += sum(self._readable(r[:3]) for r in rows)
-        self.erased.counted.update(taken_hash(self.org_id, r[3]) for r in rows)
+        self.erased.counted.update(counted_hash(self.org_id, r[3]) for r in rows)
 
     def _readable(self, row) -> bool:
         """Whether the requester of the erasure being applied could read a
