@@ -19,7 +19,7 @@ import sys
 import time
 
 from core.config import Settings
-from core.errors import Conflict, TitenError
+from core.errors import Conflict, TitenError, disk_full
 from core.writes.importer import check_rereadable, import_file, stderr_progress
 from core.keys import Principal
 from core.snapshot.publish import RebuildConflict
@@ -527,6 +527,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        if not disk_full(exc):
+            raise
+        print(f"titen: a disk is full ({exc}): free space where the data directory or TITEN_CACHE_DIR is, "
+              "and run it again", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

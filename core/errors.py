@@ -78,3 +78,15 @@ def printable(value: str) -> str:
         return value
     return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}"
                    for c in value)
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says a local disk is full: an OSError (ENOSPC, EDQUOT)
+    or SQLite's FullError. A rebuild's work files and a server's cache live
+    on the machine's disk, not in the store, so the message says which."""
+    import errno
+
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    import apsw  # (only once a failure is being described)
+    return isinstance(exc, apsw.FullError)

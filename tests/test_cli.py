@@ -215,6 +215,42 @@ def test_a_rebuild_over_a_damaged_ledger_entry_is_one_line_naming_it(tmp_path, c
     assert err.splitlines()[-1].startswith(f"titen: store error: ledger entry orgs/acme/ledger/{entry.name} is damaged")
 
 
+@pytest.mark.parametrize("full", ["sqlite", "os"])
+def test_a_rebuild_on_a_full_disk_is_one_line_saying_so(tmp_path, capsys, monkeypatch, full):
+    import errno
+
+    import apsw
+    from core.snapshot.build import SnapshotBuilder
+    src = tmp_path / "in.ndjson"
+    _ndjson(src, 1)
+    data = tmp_path / "store"
+    run(capsys, "import", str(src), "--org", "acme", "--data-dir", str(data))
+
+    def disk_full(self, *args, **kwargs):
+        raise apsw.FullError("database or disk is full") if full == "sqlite" else \
+            OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(SnapshotBuilder, "_apply_new_entries", disk_full)
+    code, out, err = run(capsys, "rebuild", "--org", "acme", "--data-dir", str(data))
+    assert (code, out) == (1, "") and "Traceback" not in err and err.count("\n") == 1
+    assert err.startswith("titen: ") and ("disk is full" in err or "No space left on device" in err)
+
+
+def test_a_rebuild_the_server_asked_for_on_a_full_disk_says_so_in_its_503(tmp_path, monkeypatch):
+    import errno
+
+    from core.config import Settings
+    from core.errors import Unavailable
+    from core.rebuild.host import Rebuilds
+    from core.service import Service
+    service = Service(Settings.from_env(store_url=str(tmp_path / "s"), env={}))
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(service, "rebuild", disk_full)
+    with pytest.raises(Unavailable, match="a disk of this machine is full"):
+        Rebuilds(service).rebuild("acme", from_scratch=False, force=False)
+
+
 @pytest.mark.parametrize("name", ["missing.ndjson", "."])
 def test_importing_a_file_that_cannot_be_read_is_one_line(tmp_path, capsys, name):
     code, out, err = run(capsys, "import", str(tmp_path / name), "--org", "acme", "--data-dir", str(tmp_path / "s"))

@@ -482,3 +482,37 @@ def test_a_slow_pointer_read_holds_other_requests_only_briefly(store, tmp_path, 
     finally:
         release.set()
         refresher.join(30)
+
+
+def test_with_nothing_served_a_failing_load_backs_off_within_seconds_and_logs_one_traceback(
+        store, tmp_path, clock, caplog):
+    """A cache disk that is full fails every download: with nothing served,
+    checks still back off (each may download a whole generation), at most
+    NOTHING_SERVED_MAX_BACKOFF_S apart, and the traceback is logged once for
+    the run of the same failure (/readyz says it meanwhile)."""
+    import errno
+    observe(store, "Deploy smoke must pass before release.")
+    publish(store, tmp_path)
+    counting = CountingStore(store)
+    reader = SnapshotReader(counting, str(tmp_path / "cache"), ttl_seconds=0.1)
+    attempts = []
+
+    def full_disk(key, path):
+        attempts.append(round(clock.now - start, 2))
+        raise OSError(errno.ENOSPC, "No space left on device")
+    counting.download_file = full_disk
+    start = clock.now
+    with caplog.at_level("WARNING", logger="titen"):
+        for _ in range(400):  # a request every 0.05 s for 20 s
+            assert reader.check(ORG)[0] is None
+            clock.now += 0.05
+    gaps = [b - a for a, b in zip(attempts, attempts[1:])]
+    longest = core.snapshot.reader.NOTHING_SERVED_MAX_BACKOFF_S
+    waits = [min(longest, 0.1 * 2 ** n) for n in range(1, len(gaps) + 1)]  # 0.2, 0.4, … 5, 5
+    assert all(w - 0.01 <= g <= w + 0.06 for g, w in zip(gaps, waits)), (gaps, waits)
+    assert len(attempts) == 8  # 0, .25, .7, 1.55, 3.2, 6.45, 11.5, 16.5 s: not 400
+    assert sum(1 for r in caplog.records if r.exc_info) == 1
+    assert "loading the new generation failed: OSError" in reader.check(ORG)[1]
+    del counting.download_file  # the disk has room again
+    clock.now += core.snapshot.reader.NOTHING_SERVED_MAX_BACKOFF_S
+    assert reader.check(ORG)[0].generation == 1

@@ -1,5 +1,6 @@
 """The storage contract, run unchanged against every backend (see conftest `store`)."""
 
+import os
 import threading
 
 import pytest
@@ -223,6 +224,59 @@ def test_a_local_download_into_a_place_that_cannot_take_it_is_the_callers_os_err
     with pytest.raises(OSError) as raised:
         local.download_file("orgs/acme/kept.json", str(tmp_path / "in-the-way" / "copy"))
     assert not isinstance(raised.value, StoreError)
+
+
+@pytest.mark.parametrize("write", ["upload_file", "compare_and_swap"])
+def test_a_local_write_the_disk_cannot_hold_leaves_no_partial_temporary(tmp_path, monkeypatch, write):
+    """A full disk fails the copy part-way: the partial temporary goes with
+    the failure, or each retry would hold more of the space it needs (the
+    sweep of stale temporaries waits an hour)."""
+    import errno
+    import shutil as shutil_module
+    from core.storage import StoreError
+    from core.storage import local as local_module
+    from core.storage.local import LocalStore
+
+    local = LocalStore(str(tmp_path / "s"))
+    current = local.put_if_absent("orgs/acme/snapshots/current.json", b"{}")
+
+    def full_disk_copy(source, target, **kw):
+        with open(target, "wb") as f:
+            f.write(b"half of it")
+        raise OSError(errno.ENOSPC, "No space left on device", source, None, target)
+
+    def full_disk_write(fd, body):
+        os.write(fd, body[:3])
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(shutil_module, "copyfile", full_disk_copy)
+    monkeypatch.setattr(local_module, "_write_all", full_disk_write)
+    with pytest.raises((StoreError, OSError)):
+        if write == "upload_file":
+            local.upload_file("orgs/acme/snapshots/g.sqlite", __file__)
+        else:
+            local.compare_and_swap("orgs/acme/snapshots/current.json", b'{"generation": 2}', current)
+    left = [p.name for p in (tmp_path / "s" / "orgs" / "acme" / "snapshots").iterdir()]
+    assert left == ["current.json"]
+    assert local.get("orgs/acme/snapshots/current.json").body == b"{}"
+
+
+def test_a_download_into_a_full_disk_is_the_callers_os_error_not_the_stores(tmp_path, monkeypatch):
+    """A kernel-side copy names the source first in its error, even when the
+    destination is what is full: the error must still be the caller's."""
+    import errno
+    import shutil as shutil_module
+    from core.storage import StoreError
+    from core.storage.local import LocalStore
+
+    local = LocalStore(str(tmp_path / "s"))
+    local.put_if_absent("orgs/acme/kept.json", b"{}")
+
+    def full_disk_copy(source, target, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device", source, None, target)
+    monkeypatch.setattr(shutil_module, "copyfile", full_disk_copy)
+    with pytest.raises(OSError) as raised:
+        local.download_file("orgs/acme/kept.json", str(tmp_path / "copy"))
+    assert not isinstance(raised.value, StoreError) and raised.value.errno == errno.ENOSPC
 
 
 def test_local_put_if_absent_creates_no_named_temporary_on_linux(tmp_path, monkeypatch):

@@ -186,3 +186,22 @@ def test_a_server_locks_the_lock_file_still_linked_at_its_path(tmp_path, monkeyp
     monkeypatch.undo()
     held = workfiles._held_server_locks[-1]
     assert swept and os.stat(path + ".lock").st_ino == os.fstat(held).st_ino
+
+
+def test_a_work_file_whose_lock_cannot_be_written_leaves_no_lock_to_wait_for(tmp_path, monkeypatch):
+    """A full disk refuses the lock file's one write: the failed build must
+    not leave a held lock, which every erasure's drain would wait out as a
+    running build until the process ended."""
+    import errno
+    monkeypatch.setattr(workfiles, "ERASURE_WAIT_SECONDS", 0.3)
+    open_before = len(os.listdir("/proc/self/fd"))
+
+    def full_disk(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(workfiles.os, "write", full_disk)
+    with pytest.raises(OSError):
+        WorkFile(str(tmp_path), "build-acme-", base=0)
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == []
+    assert len(os.listdir("/proc/self/fd")) == open_before
+    assert workfiles.drain(str(tmp_path), "acme", 5) == 0

@@ -37,7 +37,7 @@ import os
 import threading
 from multiprocessing.managers import BaseManager
 
-from core.errors import TitenError, Unavailable
+from core.errors import TitenError, Unavailable, disk_full
 from core.snapshot.build import RebuildResult
 
 log = logging.getLogger("titen")
@@ -65,6 +65,9 @@ class Rebuilds:
             raise
         except Exception as exc:  # sent back as an answer; the traceback stays in this log
             log.exception("rebuild of %s failed", org_id)
+            if disk_full(exc):
+                raise Unavailable("the rebuild failed: a disk of this machine is full (the data directory or "
+                                  "TITEN_CACHE_DIR); free space and rebuild again") from None
             raise Unavailable(f"the rebuild failed ({type(exc).__name__}); see the server's log") from None
 
 

@@ -60,6 +60,10 @@ __all__ = ["DAMAGE_ERRORS", "Snapshot", "SnapshotReader", "SnapshotRejected", "S
 
 POINTER_READ_FAILED = "reading the snapshot pointer failed"
 MAX_BACKOFF_S = 60.0  # the longest wait between checks while the store keeps failing
+# ... while nothing is served: each check may download a whole generation
+# (into a cache disk that is full, say), so it backs off too, but a
+# recovery is noticed within seconds, since every request is a 503 meanwhile
+NOTHING_SERVED_MAX_BACKOFF_S = 5.0
 # what a request holds while a refresh reads the pointer (``_OrgState.holding``)
 READING, LOADING_ERASED = 1, 2
 POINTER_READ_WAIT_S = 0.25
@@ -214,9 +218,10 @@ class SnapshotReader:
         seconds (botocore's retries): backing off keeps that cost to a few
         requests instead of one per TTL, while the served generation keeps
         serving."""
-        if not state.failures or state.snapshot is None:  # nothing served: every request is a 503 anyway
+        if not state.failures:
             return self.ttl
-        return min(MAX_BACKOFF_S, self.ttl * 2 ** min(state.failures, 8))
+        longest = MAX_BACKOFF_S if state.snapshot is not None else NOTHING_SERVED_MAX_BACKOFF_S
+        return min(longest, self.ttl * 2 ** min(state.failures, 8))
 
     def _refresh(self, org_id: str, state: _OrgState, force: bool) -> Snapshot | None:
         """Called with ``state.lock`` held."""
@@ -279,12 +284,14 @@ class SnapshotReader:
             note_refresh_failure()
             return state.snapshot
         except Exception as exc:
-            logging.getLogger("titen").warning("%s: loading generation failed", org_id, exc_info=True)
             withdrawn = self._withdraw_erased(state, pointer) or (state.withdrawn if state.snapshot is None else None)
             state.withdrawn = withdrawn
-            state.last_error = f"loading the new generation failed: {type(exc).__name__}" + (
+            error = f"loading the new generation failed: {type(exc).__name__}" + (
                 f"; generation {withdrawn} is no longer served: an erasure was carried out after it"
                 if withdrawn else "")
+            if error != state.last_error:  # the traceback once per run of the same failure; /readyz says it meanwhile
+                logging.getLogger("titen").warning("%s: loading generation failed", org_id, exc_info=True)
+            state.last_error = error
             note_refresh_failure()
             return state.snapshot
         old, state.snapshot, state.etag, state.last_error = state.snapshot, snapshot, obj.etag, None

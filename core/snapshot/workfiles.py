@@ -91,7 +91,15 @@ class WorkFile:
             except FileNotFoundError:
                 pass
             os.close(fd)  # swept between its creation and its lock: take another name
-        os.write(fd, str(base).encode())
+        try:
+            os.write(fd, str(base).encode())
+        except BaseException:
+            # (a full disk): a lock left held would read as a running build
+            # to every erasure's wait until this process ends
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stem + ".lock")
+            os.close(fd)
+            raise
         self._fd = fd
         self.stem = os.path.basename(stem)
         self._stem = stem

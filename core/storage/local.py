@@ -26,7 +26,7 @@ import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Callable, Iterator
 
 from core.checksum import file_sha256
@@ -106,10 +106,14 @@ class LocalStore(Store):
             self._write_body(tmp, body or b"")
             return tmp
         os.makedirs(directory, exist_ok=True)
-        shutil.copyfile(source, tmp)  # a kernel-side copy (sendfile) where the platform has one
-        with open(tmp, "ab") as f:
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            shutil.copyfile(source, tmp)  # a kernel-side copy (sendfile) where the platform has one
+            with open(tmp, "ab") as f:
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            _remove_partial(tmp)  # a full disk: a partial copy would hold the space a retry needs
+            raise
         return tmp
 
     @staticmethod
@@ -127,8 +131,11 @@ class LocalStore(Store):
         try:
             _write_all(fd, body)
             os.fsync(fd)
-        finally:
+        except BaseException:
             os.close(fd)
+            _remove_partial(tmp)
+            raise
+        os.close(fd)
 
     @staticmethod
     def _fsync_dir(directory: str) -> None:
@@ -315,8 +322,16 @@ class LocalStore(Store):
             shutil.copyfile(source, path)
         except OSError as exc:
             # the destination is the caller's disk (a reader's cache, a
-            # build's work file): its failures stay the caller's OSError
-            if exc.filename != source:
+            # build's work file): its failures stay the caller's OSError.
+            # A kernel-side copy names both files in its error, the source
+            # first; a full or read-only disk is the destination's.
+            if (exc.filename != source or exc.filename2 == path
+                    or exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)):
                 raise
             raise StoreError(f"the local store at {self.root} failed to download {key}: "
                              f"{exc.strerror or exc}") from exc
+
+
+def _remove_partial(tmp: str) -> None:
+    with suppress(OSError):
+        os.unlink(tmp)
