@@ -112,15 +112,23 @@ def cmd_serve(args) -> int:
             continue
         for note in result.notes:
             print(f"{org_id}: {note}", file=sys.stderr)
-        snapshot, reason = service.reader.check(org_id)  # verified here as a server will
-        if snapshot is None:  # say what is served, not what was built
-            print(f"NOT serving {org_id}: {reason or 'no generation published'}", file=sys.stderr)
-        else:
-            print(f"serving {org_id} generation {snapshot.generation} ({snapshot.claim_count} claims)",
-                  file=sys.stderr)
+        _say_what_is_served(service, org_id)
+    # the supervisor serves nothing: no generation file of its may stay open
+    # (an unlinked file still holds its space on the cache disk)
     service.reader.release()
     serve(service, sock, host=args.host, workers=args.workers, log_level=args.log_level)
     return 0
+
+
+def _say_what_is_served(service, org_id: str) -> None:
+    """Verify the published generation as a server will, and say what is
+    served, not what was built. (A function of its own: a local name left
+    holding the generation would keep its file open for the process's life.)"""
+    snapshot, reason = service.reader.check(org_id)
+    if snapshot is None:
+        print(f"NOT serving {org_id}: {reason or 'no generation published'}", file=sys.stderr)
+    else:
+        print(f"serving {org_id} generation {snapshot.generation} ({snapshot.claim_count} claims)", file=sys.stderr)
 
 
 def cmd_mcp(args) -> int:

@@ -2,6 +2,7 @@
 
 import json
 import os
+from pathlib import Path
 import socket
 import re
 import shlex
@@ -429,6 +430,34 @@ def test_serve_starts_and_serves_when_an_organizations_rebuild_at_start_fails(tm
             server.kill()
             _, err = server.communicate()
     assert b"acme: the rebuild at start failed" in err and b"serving globex generation 1" in err
+
+
+def test_the_serve_supervisor_holds_no_generation_file_open(tmp_path, capsys):
+    """It verifies each organization's generation at start and serves none:
+    an unlinked copy it kept open would hold its space on the cache disk
+    for the life of the process, unseen by the cache's budget."""
+    run(capsys, "demo", "--data-dir", str(tmp_path), "--port", "9")
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "core.cli", "serve", "--port", str(port), "--workers", "1",
+                               "--data-dir", str(tmp_path)], stderr=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        for _ in range(150):
+            try:
+                if _http("GET", f"http://127.0.0.1:{port}/healthz")[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
+        fds = Path(f"/proc/{server.pid}/fd")
+        held = [os.readlink(fd) for fd in fds.iterdir() if ".sqlite" in os.readlink(fd)]
+        assert held == []
+    finally:
+        server.terminate()
+        try:
+            _, err = server.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            _, err = server.communicate()
+    assert b"serving demo generation 1" in err
 
 class _Terminal:
     def __init__(self, tty):

@@ -143,6 +143,30 @@ def test_readyz_says_why_the_new_generation_was_refused(store, tmp_path):
     assert api.compile(key, "must the deploy smoke pass").json()["meta"]["generation"] == 1
 
 
+def test_an_admin_rebuild_this_process_cannot_load_counts_no_claims_of_the_generation_it_still_serves(
+        store, tmp_path, monkeypatch):
+    """api.md §8.9: claim_count is of the generation the rebuild published,
+    null when this process cannot serve it (a full cache disk, say)."""
+    import errno
+    settings = Settings.from_env(data_dir=str(tmp_path / "unused"),
+                                 env={"TITEN_SNAPSHOT_TTL": "0", "TITEN_CACHE_DIR": str(tmp_path / "cache")})
+    service = Service(settings, store=store)
+    api = Api(service)
+    key = api.key(ORG, "alice", ALL_SCOPES + ",admin")
+    api.observe(key, claim={"statement": "Deploy smoke must pass.", "kind": "procedural", "confidence": 0.9})
+    assert api.rebuild(key)["claim_count"] == 1
+    api.observe(key, claim={"statement": "Canary stayed green.", "kind": "procedural", "confidence": 0.9})
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(service.reader, "_load", full_disk)
+    answer = api.post("/v1/admin/rebuild", b"", key)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["data"]["generation"] == 2 and answer.json()["data"]["claim_count"] is None
+    ready = api.get("/readyz", key).json()["data"]
+    assert ready["generation"] == 1 and "loading the new generation failed: OSError" in ready["last_refresh_error"]
+
+
 # -- TTL ------------------------------------------------------------------------------
 
 @pytest.fixture

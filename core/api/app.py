@@ -191,8 +191,11 @@ def create_app(service: Service) -> Starlette:
         # the organization's rebuilds but does not widen what its key reads
         # (another principal's private claims stay out of the count)
         served, reason = service.reader.check(principal.org_id)
+        # a generation this process could not load (a full cache disk, say)
+        # is not the one whose claims it would count
+        serving = reason is None and (served.generation if served is not None else 0) == result.generation
         try:
-            claim_count = None if reason else _readable_claims(served, principal)
+            claim_count = _readable_claims(served, principal) if serving else None
         except DAMAGE_ERRORS as exc:  # refetched and verified by the next request, as everywhere
             service.snapshot_damaged(principal.org_id, exc)
             claim_count = None
