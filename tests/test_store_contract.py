@@ -260,9 +260,11 @@ def test_a_local_write_the_disk_cannot_hold_leaves_no_partial_temporary(tmp_path
     assert local.get("orgs/acme/snapshots/current.json").body == b"{}"
 
 
-def test_a_download_into_a_full_disk_is_the_callers_os_error_not_the_stores(tmp_path, monkeypatch):
-    """A kernel-side copy names the source first in its error, even when the
-    destination is what is full: the error must still be the caller's."""
+@pytest.mark.parametrize("error, whose", [("ENOSPC", "caller"), ("EDQUOT", "caller"), ("EIO", "store")])
+def test_a_failed_kernel_side_download_is_the_callers_when_its_disk_is_full_else_the_stores(
+        tmp_path, monkeypatch, error, whose):
+    """A kernel-side copy names both files in any error, the source first:
+    a full destination is the caller's OSError, a failed read the store's."""
     import errno
     import shutil as shutil_module
     from core.storage import StoreError
@@ -271,12 +273,12 @@ def test_a_download_into_a_full_disk_is_the_callers_os_error_not_the_stores(tmp_
     local = LocalStore(str(tmp_path / "s"))
     local.put_if_absent("orgs/acme/kept.json", b"{}")
 
-    def full_disk_copy(source, target, **kw):
-        raise OSError(errno.ENOSPC, "No space left on device", source, None, target)
-    monkeypatch.setattr(shutil_module, "copyfile", full_disk_copy)
-    with pytest.raises(OSError) as raised:
+    def failing_copy(source, target, **kw):
+        raise OSError(getattr(errno, error), os.strerror(getattr(errno, error)), source, None, target)
+    monkeypatch.setattr(shutil_module, "copyfile", failing_copy)
+    with pytest.raises(StoreError if whose == "store" else OSError) as raised:
         local.download_file("orgs/acme/kept.json", str(tmp_path / "copy"))
-    assert not isinstance(raised.value, StoreError) and raised.value.errno == errno.ENOSPC
+    assert isinstance(raised.value, StoreError) == (whose == "store")
 
 
 def test_local_put_if_absent_creates_no_named_temporary_on_linux(tmp_path, monkeypatch):

@@ -323,10 +323,10 @@ class LocalStore(Store):
         except OSError as exc:
             # the destination is the caller's disk (a reader's cache, a
             # build's work file): its failures stay the caller's OSError.
-            # A kernel-side copy names both files in its error, the source
-            # first; a full or read-only disk is the destination's.
-            if (exc.filename != source or exc.filename2 == path
-                    or exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)):
+            # A kernel-side copy names both files in any error, the source
+            # first, so its errno says whose: a full or read-only disk is
+            # the destination's, a read error the store's.
+            if exc.filename != source or exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
                 raise
             raise StoreError(f"the local store at {self.root} failed to download {key}: "
                              f"{exc.strerror or exc}") from exc

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable
 
+from core.bodies import SUPERSEDE, TRANSITION, Integer
 from core.errors import Conflict, TitenError, ValidationError
 from core.ids import entry_hex as new_entry_hex
 from core.ids import tagged
@@ -45,7 +46,6 @@ from core.keys import Principal
 from core.layout import IDEMPOTENCY_TTL_SECONDS, idempotency_key
 from core.ledger import ERASED, ERASED_RECORDS, Ledger
 from core.storage import ObjectNotFound, PreconditionFailed, Store
-from core.bodies import SUPERSEDE, TRANSITION, Integer
 from core.validation import RoundedToWhole
 
 TTL_SECONDS = IDEMPOTENCY_TTL_SECONDS
