@@ -1579,3 +1579,26 @@ def test_a_record_another_erasure_of_the_build_deleted_is_not_counted_again_from
                       "c" * 16: ("claims", False)}, deleted)
     assert (this.observations, this.claims, this.visible_observations, this.visible_claims) == (0, 2, 0, 1)
     assert deleted == {"a" * 16, "b" * 16, "c" * 16}
+
+
+def test_an_erasure_whose_entry_a_racing_rebuild_stored_first_is_still_answered_202(world, monkeypatch):
+    """The request stores the status object, then the ledger entry; a
+    rebuild in between finds the pending erasure and stores the entry
+    itself. The request must not then answer 503 for an erasure that goes
+    on (its retry would read zero counts)."""
+    from core.erasure.work import ErasureWork
+    from core.ledger import Ledger
+    api, key, service = world["api"], world["key"], world["service"]
+    real = Ledger.append
+
+    def rebuild_first(self, org_id, entry_type, *args, **kwargs):
+        if entry_type == "erasure":
+            ErasureWork(world["store"], org_id, 0).pending()  # what a racing build does first
+        return real(self, org_id, entry_type, *args, **kwargs)
+    monkeypatch.setattr(Ledger, "append", rebuild_first)
+    asked = api.client.delete("/v1/subjects/subj_s", headers={"authorization": key["authorization"]})
+    assert asked.status_code == 202, asked.text
+    monkeypatch.undo()
+    api.rebuild(key)
+    done = status(world, asked.json()["data"]["erasure_id"]).json()["data"]
+    assert done["status"] == "complete" and done["counts"]["observations"] == 4

@@ -29,7 +29,7 @@ from core.keys import Principal
 from core.layout import erasure_key
 from core.ledger import ERASED, Ledger, observations_in
 from core.scope import can_read
-from core.storage import Store
+from core.storage import PreconditionFailed, Store
 
 
 class ErasureDesk:
@@ -95,8 +95,15 @@ class ErasureDesk:
             "completed_at": None, "counts": None, "pending_target": target_id,
             # (four hex digits of the subject's hash: its context runs carry them)
             "subject_tag": tag}))
-        self.ledger.append(principal.org_id, "erasure", {"erasure_id": erasure_id, "target": target,
-                                                         "target_sha256": sha},
-                           actor=principal.principal_id, entry_hex=hex_)
+        try:
+            self.ledger.append(principal.org_id, "erasure", {"erasure_id": erasure_id, "target": target,
+                                                             "target_sha256": sha},
+                               actor=principal.principal_id, entry_hex=hex_)
+        except PreconditionFailed:
+            # a rebuild that met the status object first stored this entry
+            # itself (core.erasure.work.ErasureWork.pending): it is there,
+            # which is all the request needs; a 503 here would hide an
+            # erasure that goes on, and its retry would read zero counts
+            pass
         self.on_write(principal.org_id)
         return erasure_id
