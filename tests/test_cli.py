@@ -1,5 +1,6 @@
 """The titen command: keys, import, rebuild, demo and serve, as a user runs them."""
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -406,10 +407,21 @@ def test_serve_starts_and_serves_when_an_organizations_rebuild_at_start_fails(tm
     entry = tmp_path / "orgs" / "acme" / "ledger" / "01a2510f95a07000a000000000000000.json"
     entry.parent.mkdir(parents=True, exist_ok=True)
     entry.write_bytes(b"{not json")
+    with _titen_serve(tmp_path) as (server, base, said):
+        status, body = _http("POST", base + "/v1/context/compile",
+                             {"subject_id": "user_rama", "task": "deploy", "max_tokens": 1200}, key)
+        assert status == 200 and body["data"]["items"] == []  # nothing was ever published for acme
+    assert b"acme: the rebuild at start failed" in said[0] and b"serving globex generation 1" in said[0]
+
+
+@contextlib.contextmanager
+def _titen_serve(data_dir, *flags):
+    """``titen serve`` on ``data_dir`` in a subprocess, listening: (the
+    process, its base URL, a list that holds its stderr once it has ended)."""
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "core.cli", "serve", "--port", str(port),
-                               "--data-dir", str(tmp_path)], stderr=subprocess.PIPE, stdout=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "core.cli", "serve", "--port", str(port), *flags,
+                               "--data-dir", str(data_dir)], stderr=subprocess.PIPE, stdout=subprocess.PIPE)
+    base, said = f"http://127.0.0.1:{port}", []
     try:
         up = False
         for _ in range(150):
@@ -419,17 +431,14 @@ def test_serve_starts_and_serves_when_an_organizations_rebuild_at_start_fails(tm
             except OSError:
                 time.sleep(0.1)
         assert up, server.stderr.read1().decode() if server.poll() is not None else "not listening"
-        status, body = _http("POST", base + "/v1/context/compile",
-                             {"subject_id": "user_rama", "task": "deploy", "max_tokens": 1200}, key)
-        assert status == 200 and body["data"]["items"] == []  # nothing was ever published for acme
+        yield server, base, said
     finally:
         server.terminate()
         try:
-            _, err = server.communicate(timeout=30)
+            said.append(server.communicate(timeout=30)[1])
         except subprocess.TimeoutExpired:
             server.kill()
-            _, err = server.communicate()
-    assert b"acme: the rebuild at start failed" in err and b"serving globex generation 1" in err
+            said.append(server.communicate()[1])
 
 
 def test_the_serve_supervisor_holds_no_generation_file_open(tmp_path, capsys):
@@ -437,27 +446,12 @@ def test_the_serve_supervisor_holds_no_generation_file_open(tmp_path, capsys):
     an unlinked copy it kept open would hold its space on the cache disk
     for the life of the process, unseen by the cache's budget."""
     run(capsys, "demo", "--data-dir", str(tmp_path), "--port", "9")
-    port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "core.cli", "serve", "--port", str(port), "--workers", "1",
-                               "--data-dir", str(tmp_path)], stderr=subprocess.PIPE, stdout=subprocess.PIPE)
-    try:
-        for _ in range(150):
-            try:
-                if _http("GET", f"http://127.0.0.1:{port}/healthz")[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.1)
+    with _titen_serve(tmp_path, "--workers", "1") as (server, base, said):
         fds = Path(f"/proc/{server.pid}/fd")
         held = [os.readlink(fd) for fd in fds.iterdir() if ".sqlite" in os.readlink(fd)]
         assert held == []
-    finally:
-        server.terminate()
-        try:
-            _, err = server.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            _, err = server.communicate()
-    assert b"serving demo generation 1" in err
+    assert b"serving demo generation 1" in said[0]
+
 
 class _Terminal:
     def __init__(self, tty):

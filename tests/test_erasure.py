@@ -1426,6 +1426,24 @@ def test_ledger_objects_restored_from_a_backup_are_erased_again_by_reapply(world
     assert api.compile(key, f"{S_MARKS[1]} deploy", subject_id="subj_s").json()["data"]["items"] == []
 
 
+def rebuild_after_a_failed_attempt(world, monkeypatch, key, where="/ledger/") -> None:
+    """A first rebuild that fails at the first version purge of a key
+    holding ``where`` (after its ledger purge has begun), then two that run."""
+    api = world["api"]
+    failed = fail_once(monkeypatch, world["store"], "purge_history", lambda k: where in k)
+    assert api.post("/v1/admin/rebuild", b"", key).status_code != 200
+    assert failed
+    api.rebuild(key)
+    api.rebuild(key)
+
+
+def completion_entry(store, erasure_id: str) -> dict:
+    """The erasure's ``erasure_complete`` ledger entry (the totals, for operators)."""
+    outcomes = [json.loads(store.get(k).body) for k in store.list_keys("orgs/acme/ledger/")]
+    (entry,) = [o for o in outcomes if o.get("type") == "erasure_complete" and o["erasure_id"] == erasure_id]
+    return entry
+
+
 @pytest.mark.parametrize("store", ["s3"], indirect=True)
 @pytest.mark.parametrize("target", ["subject", "observation"])
 def test_records_no_generation_held_count_when_an_earlier_attempt_stubbed_them(world, monkeypatch, target):
@@ -1439,11 +1457,7 @@ def test_records_no_generation_held_count_when_an_earlier_attempt_stubbed_them(w
                            "confidence": 0.9})
     path = "/v1/subjects/subj_u" if target == "subject" else f"/v1/observations/{u['observation_id']}"
     asked = erase(world, path)
-    failed = fail_once(monkeypatch, world["store"], "purge_history", lambda k: "/ledger/" in k)
-    assert api.post("/v1/admin/rebuild", b"", key).status_code != 200
-    assert failed
-    api.rebuild(key)
-    api.rebuild(key)
+    rebuild_after_a_failed_attempt(world, monkeypatch, key)
     done = status(world, asked["erasure_id"]).json()["data"]
     assert done["status"] == "complete"
     assert (done["counts"]["observations"], done["counts"]["claims"]) == (1, 1)
@@ -1463,17 +1477,12 @@ def test_records_no_generation_held_count_only_what_the_requester_could_read_whe
     asked = api.client.delete("/v1/subjects/subj_p", headers={"authorization": bob["authorization"]})
     assert asked.status_code == 202
     erasure_id = asked.json()["data"]["erasure_id"]
-    failed = fail_once(monkeypatch, store, "purge_history", lambda k: "/ledger/" in k)
-    assert api.post("/v1/admin/rebuild", b"", alice).status_code != 200
-    assert failed
-    api.rebuild(alice)
-    api.rebuild(alice)
+    rebuild_after_a_failed_attempt(world, monkeypatch, alice)
     done = api.get(f"/v1/erasures/{erasure_id}", bob).json()["data"]
     assert done["status"] == "complete"
     # bob could read the team's (his workspace) and the organization-wide ones
     assert (done["counts"]["observations"], done["counts"]["claims"]) == (2, 2)
-    outcomes = [json.loads(store.get(k).body) for k in store.list_keys("orgs/acme/ledger/")]
-    (told,) = [o for o in outcomes if o.get("type") == "erasure_complete" and o["erasure_id"] == erasure_id]
+    told = completion_entry(store, erasure_id)
     assert (told["counts"]["observations"], told["counts"]["claims"]) == (3, 3)
 
 
@@ -1505,18 +1514,15 @@ def test_a_key_with_fewer_workspaces_is_told_only_of_the_packs_and_feedback_it_c
     assert asked.status_code == 202
     erasure_id = asked.json()["data"]["erasure_id"]
     if interrupted:
-        failed = fail_once(monkeypatch, world["store"], "purge_history", lambda k: interrupted in k)
-        assert api.post("/v1/admin/rebuild", b"", wide).status_code != 200
-        assert failed
-    api.rebuild(wide)
-    api.rebuild(wide)
+        rebuild_after_a_failed_attempt(world, monkeypatch, wide, where=interrupted)
+    else:
+        api.rebuild(wide)
     done = api.get(f"/v1/erasures/{erasure_id}", narrow).json()["data"]
     assert done["status"] == "complete"
     assert (done["counts"]["context_runs"], done["counts"]["feedback"]) == (1, 1)
     for pack, key in ((wide_pack, wide), (narrow_pack, narrow)):
         assert api.get(f"/v1/context/{pack['context_id']}", key).status_code == 404
-    outcomes = [json.loads(world["store"].get(k).body) for k in world["store"].list_keys("orgs/acme/ledger/")]
-    (told,) = [o for o in outcomes if o.get("type") == "erasure_complete" and o["erasure_id"] == erasure_id]
+    told = completion_entry(world["store"], erasure_id)
     assert (told["counts"]["context_runs"], told["counts"]["feedback"]) == (2, 2)
 
 
