@@ -61,9 +61,9 @@ ERASED = "erased"
 # sha256 of each record id taken, per erasure id (core/erasure/purge.py)
 ERASED_RECORDS = "erased_records"
 # on the same: per erasure id, which of the observations and claims taken
-# were which, and which its requester could read, each by the same sha256
-# (core/erasure/purge.py): a retry that meets the entry already stubbed,
-# so never applies its records, still counts them
+# were which, and which its requester could read, each by the first 16 hex
+# digits of the same sha256 (core/erasure/purge.py): a build that meets the
+# entry already stubbed, so never applies its records, still counts them
 ERASED_COUNTED = "erased_counted"
 
 
